@@ -1,0 +1,279 @@
+//! The batcher: cuts the numbered change stream into batches by size and
+//! linger, and re-forms exactly the batches recorded before a crash.
+//!
+//! Batch boundaries normally depend on timing (a partial batch leaves after
+//! `linger`), so they are not a function of the stream alone. That is why
+//! every cut batch's seq range is recorded as an intent before its PUT
+//! (see [`crate::checkpoint`]); on restart the batcher is given those
+//! intents and forces the same boundaries, and new batching begins after
+//! the last of them. Changes of an intent already written are skipped.
+
+use std::collections::{HashSet, VecDeque};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::checkpoint::Intent;
+use crate::envelope::{self, Change};
+
+/// A batch ready for delivery: one object's worth of envelope lines.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// Commit time of the first change (it dates the key).
+    pub commit_ts: i64,
+    /// NDJSON lines, each ending in a newline.
+    pub body: Vec<u8>,
+    /// Hashes of the rows in the batch (see [`Change::rows`]).
+    pub rows: HashSet<u64>,
+    /// The intent is already in the local state (a re-formed batch).
+    pub recorded: bool,
+}
+
+impl Batch {
+    /// How many changes the batch holds.
+    pub fn changes(&self) -> u64 {
+        self.last_seq - self.first_seq + 1
+    }
+}
+
+/// What a change did to the batcher.
+#[derive(Debug)]
+pub enum Cut {
+    /// A batch is complete and must be delivered.
+    Ready(Batch),
+    /// A batch written before a restart was seen again in full; nothing to send.
+    AlreadyWritten { first_seq: u64, last_seq: u64 },
+}
+
+/// Cuts batches; see the module docs.
+pub struct Batcher {
+    batch_size: usize,
+    linger: Duration,
+    namespace: Uuid,
+    /// Recorded intents not yet re-formed, in seq order.
+    fixed: VecDeque<Intent>,
+    current: Option<Batch>,
+    /// When the current (non-fixed) batch must leave even if not full.
+    deadline: Option<Instant>,
+}
+
+impl Batcher {
+    pub fn new(batch_size: usize, linger: Duration, namespace: Uuid, intents: Vec<Intent>) -> Self {
+        Batcher {
+            batch_size,
+            linger,
+            namespace,
+            fixed: intents.into(),
+            current: None,
+            deadline: None,
+        }
+    }
+
+    /// Adds the change numbered `seq` (seqs arrive contiguous, ascending).
+    pub fn push(&mut self, seq: u64, change: &Change) -> Option<Cut> {
+        // Drop intents that end before this seq (wholly confirmed already).
+        while self.fixed.front().is_some_and(|i| i.last_seq < seq) {
+            self.fixed.pop_front();
+        }
+        if let Some(intent) = self.fixed.front().copied()
+            && intent.first_seq <= seq
+        {
+            if intent.done {
+                if seq == intent.last_seq {
+                    self.fixed.pop_front();
+                    return Some(Cut::AlreadyWritten {
+                        first_seq: intent.first_seq,
+                        last_seq: intent.last_seq,
+                    });
+                }
+                return None;
+            }
+            self.append(seq, change);
+            if seq == intent.last_seq {
+                self.fixed.pop_front();
+                let mut batch = self.current.take().expect("appended above");
+                batch.recorded = true;
+                return Some(Cut::Ready(batch));
+            }
+            return None;
+        }
+        if self.current.is_none() {
+            self.deadline = Some(Instant::now() + self.linger);
+        }
+        self.append(seq, change);
+        if self
+            .current
+            .as_ref()
+            .is_some_and(|b| b.changes() as usize >= self.batch_size)
+        {
+            return self.take().map(Cut::Ready);
+        }
+        None
+    }
+
+    fn append(&mut self, seq: u64, change: &Change) {
+        let batch = self.current.get_or_insert_with(|| Batch {
+            first_seq: seq,
+            last_seq: seq,
+            commit_ts: change.commit_ts,
+            body: Vec::with_capacity(self.batch_size.min(10_000) * 256),
+            rows: HashSet::new(),
+            recorded: false,
+        });
+        batch.last_seq = seq;
+        batch.rows.extend(change.rows.as_slice().iter().copied());
+        envelope::write_line(&mut batch.body, &self.namespace, change, seq);
+    }
+
+    /// When the partial batch must leave; `None` when there is nothing to
+    /// flush or the batch being re-formed has fixed bounds.
+    pub fn deadline(&self) -> Option<Instant> {
+        if self.in_fixed() {
+            None
+        } else {
+            self.current.as_ref().and(self.deadline)
+        }
+    }
+
+    fn in_fixed(&self) -> bool {
+        self.current.as_ref().is_some_and(|b| {
+            self.fixed
+                .front()
+                .is_some_and(|i| i.first_seq <= b.first_seq && b.first_seq <= i.last_seq)
+        })
+    }
+
+    /// Cuts the partial batch (linger elapsed, or shutting down). A batch
+    /// being re-formed to recorded bounds is never cut short: it is simply
+    /// re-formed again on the next start.
+    pub fn take(&mut self) -> Option<Batch> {
+        if self.in_fixed() {
+            return None;
+        }
+        self.deadline = None;
+        self.current.take()
+    }
+
+    /// Nothing is held: no partial batch, no recorded batch half re-formed.
+    pub fn is_empty(&self) -> bool {
+        self.current.is_none()
+    }
+
+    /// The last seq fixed by a recorded intent; new batches start after it.
+    pub fn fixed_until(&self) -> Option<u64> {
+        self.fixed.back().map(|i| i.last_seq)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::envelope::{Op, RowSet, TableRef};
+
+    fn change(i: u64) -> Change {
+        Change {
+            op: Op::Insert,
+            table: Arc::new(TableRef::new("public", "t")),
+            data: Some(format!("{{\"id\":{i}}}").into_bytes()),
+            old: None,
+            commit_lsn: 0x100 + i,
+            commit_ts: 1_000_000,
+            index: 0,
+            rows: RowSet::one(i),
+        }
+    }
+
+    fn ready(cut: Option<Cut>) -> Batch {
+        match cut {
+            Some(Cut::Ready(b)) => b,
+            other => panic!("expected a ready batch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cuts_at_batch_size() {
+        let mut b = Batcher::new(3, Duration::from_secs(1), Uuid::nil(), vec![]);
+        assert!(b.push(1, &change(1)).is_none());
+        assert!(b.push(2, &change(2)).is_none());
+        let batch = ready(b.push(3, &change(3)));
+        assert_eq!((batch.first_seq, batch.last_seq), (1, 3));
+        assert_eq!(batch.body.iter().filter(|&&c| c == b'\n').count(), 3);
+        assert!(b.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn linger_sets_a_deadline_for_partial_batches() {
+        let mut b = Batcher::new(100, Duration::from_millis(200), Uuid::nil(), vec![]);
+        assert!(b.deadline().is_none());
+        let before = Instant::now();
+        b.push(1, &change(1));
+        assert_eq!(b.deadline(), Some(before + Duration::from_millis(200)));
+        let batch = b.take().unwrap();
+        assert_eq!((batch.first_seq, batch.last_seq), (1, 1));
+        assert!(b.deadline().is_none());
+    }
+
+    #[test]
+    fn recorded_intents_are_reformed_exactly_and_written_ones_skipped() {
+        let intents = vec![
+            Intent {
+                first_seq: 5,
+                last_seq: 9,
+                done: true,
+            },
+            Intent {
+                first_seq: 10,
+                last_seq: 11,
+                done: false,
+            },
+        ];
+        // Restart with S = 7: seqs 7..9 belong to a written batch.
+        let mut b = Batcher::new(100, Duration::from_millis(1), Uuid::nil(), intents);
+        assert!(b.push(7, &change(7)).is_none());
+        assert!(b.push(8, &change(8)).is_none());
+        assert!(matches!(
+            b.push(9, &change(9)),
+            Some(Cut::AlreadyWritten {
+                first_seq: 5,
+                last_seq: 9
+            })
+        ));
+        assert!(b.push(10, &change(10)).is_none());
+        // A re-formed batch is never cut by linger or shutdown.
+        assert!(b.deadline().is_none());
+        assert!(b.take().is_none());
+        let batch = ready(b.push(11, &change(11)));
+        assert_eq!(
+            (batch.first_seq, batch.last_seq, batch.recorded),
+            (10, 11, true)
+        );
+        // Then normal batching.
+        assert!(b.push(12, &change(12)).is_none());
+        assert!(b.deadline().is_some());
+    }
+
+    #[test]
+    fn same_changes_give_same_bytes() {
+        let mut a = Batcher::new(2, Duration::from_secs(1), Uuid::nil(), vec![]);
+        let mut b = Batcher::new(
+            2,
+            Duration::from_secs(1),
+            Uuid::nil(),
+            vec![Intent {
+                first_seq: 1,
+                last_seq: 2,
+                done: false,
+            }],
+        );
+        a.push(1, &change(1));
+        b.push(1, &change(1));
+        let x = ready(a.push(2, &change(2)));
+        let y = ready(b.push(2, &change(2)));
+        assert_eq!(x.body, y.body);
+    }
+}

@@ -1,0 +1,168 @@
+//! The command line: parses arguments, loads the configuration, runs the
+//! command and turns errors into a message, a fix and an exit code.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::Result;
+use crate::config::Config;
+use crate::error::Report;
+use crate::pipeline::{self, RunOptions};
+use crate::sink::Sink;
+use crate::source::check::{self, Finding, Status};
+use crate::telemetry::{self, LogFormat};
+
+/// Archive every committed PostgreSQL change to S3 or a local folder as NDJSON.
+#[derive(Debug, Parser)]
+#[command(name = "waltail", version, about, long_about = None)]
+pub struct Cli {
+    /// Configuration file [default: ./waltail.toml when it exists; every key
+    /// can also be set as WALTAIL_<SECTION>_<KEY>]
+    #[arg(
+        long,
+        short,
+        global = true,
+        env = "WALTAIL_CONFIG",
+        value_name = "FILE"
+    )]
+    pub config: Option<PathBuf>,
+
+    /// Log line format on stderr (filter with WALTAIL_LOG, e.g. debug)
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check the source and the destination, printing the fix for each failure
+    Check,
+    /// Stream committed changes into the archive until SIGINT/SIGTERM
+    Run {
+        /// The recorded replication slot has disappeared: create a new one and
+        /// continue numbering where the archive stopped (then run a backfill)
+        #[arg(long)]
+        recreate_slot: bool,
+    },
+}
+
+/// Exit codes: 0 success, 1 a check or the pipeline failed, 2 bad configuration.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init_logging(cli.log_format);
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {}", Report(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Check => check(&config).await,
+            Command::Run { recreate_slot } => run(&config, RunOptions { recreate_slot }).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", Report(&e));
+            if let Some(hint) = e.hint() {
+                eprintln!("  fix: {hint}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: &Config, opts: RunOptions) -> Result<ExitCode> {
+    let (tx, rx) = tokio::sync::watch::channel(0u32);
+    tokio::spawn(async move {
+        let (Ok(mut term), Ok(mut int)) = (
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()),
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            tx.send_modify(|n| *n += 1);
+        }
+    });
+    pipeline::run(config, &opts, rx).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn check(config: &Config) -> Result<ExitCode> {
+    println!("source       {}", crate::source::describe(&config.source));
+    let mut findings = check::run(&config.source).await;
+    print_findings(&findings);
+    println!("destination  {}", config.destination.describe());
+    let dest = destination_check(config).await;
+    print_findings(std::slice::from_ref(&dest));
+    findings.push(dest);
+    let failed = findings.iter().filter(|f| f.status == Status::Fail).count();
+    if failed == 0 {
+        println!("all checks passed");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("{failed} check(s) failed");
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+async fn destination_check(config: &Config) -> Finding {
+    let result: Result<String> = async {
+        let sink = Sink::new(&config.destination)?;
+        sink.check(&config.pipeline).await
+    }
+    .await;
+    match result {
+        Ok(key) => Finding {
+            status: Status::Pass,
+            name: "write access".into(),
+            detail: format!("wrote {key}"),
+            fix: None,
+        },
+        Err(e) => Finding {
+            status: Status::Fail,
+            name: "write access".into(),
+            detail: Report(&e).to_string(),
+            fix: Some(e.hint().unwrap_or_else(|| {
+                "check the destination settings and that the store is reachable".into()
+            })),
+        },
+    }
+}
+
+fn print_findings(findings: &[Finding]) {
+    for f in findings {
+        let mark = match f.status {
+            Status::Pass => "ok    ",
+            Status::Warn => "WARN  ",
+            Status::Advice => "note  ",
+            Status::Fail => "FAIL  ",
+        };
+        println!("  {mark}{:<26} {}", f.name, f.detail);
+        if let Some(fix) = &f.fix {
+            println!("        {:<26} fix: {fix}", "");
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Delivery: uploads batches with at most `max_in_flight` PUTs at once,
+//! never two batches holding the same row, at the configured rate, retrying
+//! each failed PUT on the retry schedule.
+//!
+//! A batch whose attempts are all used up stops the pipeline (nothing past
+//! it is confirmed to Postgres, so nothing is lost; the slot keeps the WAL).
+
+pub mod retry;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::batch::Batch;
+use crate::error::Disposition;
+use crate::sink::{NDJSON_CONTENT_TYPE, Sink, layout};
+use crate::{Error, Result};
+pub use retry::RetryPolicy;
+
+/// The result of one batch's delivery.
+#[derive(Debug)]
+pub struct Delivered {
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub key: String,
+    pub bytes: usize,
+    pub rows: Vec<u64>,
+}
+
+/// The uploads in flight and the rules for starting another.
+pub struct Delivery {
+    sink: Sink,
+    pipeline: String,
+    policy: RetryPolicy,
+    max_in_flight: usize,
+    rate_limit: u32,
+    /// When the rate limit next allows a batch to leave.
+    rate_free_at: Instant,
+    in_flight: JoinSet<Result<Delivered>>,
+    /// Row hash -> number of in-flight batches holding it (0 or 1 by construction).
+    rows: HashMap<u64, u32>,
+}
+
+/// Why a batch cannot leave yet.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// All upload slots are busy, or a row of the batch is in flight.
+    Busy,
+    /// The rate limit allows it at this time.
+    Until(Instant),
+}
+
+impl Delivery {
+    pub fn new(
+        sink: Sink,
+        pipeline: &str,
+        policy: RetryPolicy,
+        max_in_flight: usize,
+        rate_limit: u32,
+    ) -> Self {
+        Delivery {
+            sink,
+            pipeline: pipeline.to_string(),
+            policy,
+            max_in_flight,
+            rate_limit,
+            rate_free_at: Instant::now(),
+            in_flight: JoinSet::new(),
+            rows: HashMap::new(),
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.in_flight.is_empty()
+    }
+
+    /// Whether `batch` may start now.
+    pub fn can_start(&self, batch: &Batch) -> Result<(), Wait> {
+        if self.in_flight.len() >= self.max_in_flight
+            || batch.rows.iter().any(|r| self.rows.contains_key(r))
+        {
+            return Err(Wait::Busy);
+        }
+        if self.rate_limit > 0 && Instant::now() < self.rate_free_at {
+            return Err(Wait::Until(self.rate_free_at));
+        }
+        Ok(())
+    }
+
+    /// Starts uploading `batch` (call [`Delivery::can_start`] first).
+    pub fn start(&mut self, batch: Batch) {
+        if self.rate_limit > 0 {
+            let cost = Duration::from_secs_f64(batch.changes() as f64 / self.rate_limit as f64);
+            self.rate_free_at = self.rate_free_at.max(Instant::now()) + cost;
+        }
+        for r in &batch.rows {
+            *self.rows.entry(*r).or_default() += 1;
+        }
+        let key = layout::batch_key(
+            self.sink.prefix(),
+            &self.pipeline,
+            batch.commit_ts,
+            batch.first_seq,
+            batch.last_seq,
+        );
+        let sink = self.sink.clone();
+        let policy = self.policy.clone();
+        self.in_flight.spawn(async move {
+            let body = Bytes::from(batch.body);
+            let bytes = body.len();
+            put_with_retry(&sink, &key, body, &policy).await?;
+            Ok(Delivered {
+                first_seq: batch.first_seq,
+                last_seq: batch.last_seq,
+                key,
+                bytes,
+                rows: batch.rows.into_iter().collect(),
+            })
+        });
+    }
+
+    /// Waits for the next upload to finish. `None` when nothing is in flight.
+    pub async fn next(&mut self) -> Option<Result<Delivered>> {
+        let joined = self.in_flight.join_next().await?;
+        let result = match joined {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(Error::fatal(
+                format!("an upload task ended: {e}"),
+                "report this bug",
+            )),
+        };
+        if let Ok(d) = &result {
+            for r in &d.rows {
+                if let Some(n) = self.rows.get_mut(r) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.rows.remove(r);
+                    }
+                }
+            }
+        }
+        Some(result)
+    }
+}
+
+/// PUTs one object, retrying on the schedule; errors that no retry can fix
+/// (see [`Error::disposition`]) end it at once.
+pub async fn put_with_retry(
+    sink: &Sink,
+    key: &str,
+    body: Bytes,
+    policy: &RetryPolicy,
+) -> Result<()> {
+    let mut attempt = 1;
+    loop {
+        match sink.put(key, body.clone(), NDJSON_CONTENT_TYPE).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                let delay = match e.disposition() {
+                    Disposition::Retry => policy.delay(attempt),
+                    Disposition::Stop => None,
+                };
+                let Some(delay) = delay else {
+                    return Err(e);
+                };
+                tracing::warn!(
+                    key,
+                    attempt,
+                    retry_in = ?delay,
+                    error = %crate::error::Report(&e),
+                    "PUT failed; retrying"
+                );
+                tokio::time::sleep(delay).await;
+                attempt += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! The change envelope: one JSON line per change, in the output contract's
+//! field order `{"op","table","data","old","seq","idempotency_key","commit_lsn"}`.
+//!
+//! A line's bytes depend only on the change and its seq (fixed field order,
+//! values rendered once by the source with fixed formatting, an idempotency
+//! key derived from the change's position), so re-sending a batch after a
+//! crash or a retry produces identical bytes.
+
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use crate::source::pgoutput::format_lsn;
+
+/// Namespace of every idempotency key: UUIDv5(URL namespace, "https://waltail.dev/idempotency").
+/// A pipeline's namespace is UUIDv5(this, pipeline name); a change's key is
+/// UUIDv5(pipeline namespace, "<commit_lsn X/Y>/<index in transaction>").
+pub fn waltail_namespace() -> Uuid {
+    Uuid::new_v5(&Uuid::NAMESPACE_URL, b"https://waltail.dev/idempotency")
+}
+
+/// The namespace of one pipeline's idempotency keys.
+pub fn pipeline_namespace(pipeline: &str) -> Uuid {
+    Uuid::new_v5(&waltail_namespace(), pipeline.as_bytes())
+}
+
+/// What happened to the row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Insert,
+    Update,
+    Delete,
+    Truncate,
+    Read,
+}
+
+impl Op {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Insert => "insert",
+            Op::Update => "update",
+            Op::Delete => "delete",
+            Op::Truncate => "truncate",
+            Op::Read => "read",
+        }
+    }
+}
+
+/// A table as the envelope names it, with its JSON form computed once.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct TableRef {
+    /// `schema.table`, as Postgres spells it.
+    pub name: String,
+    /// `name` as a JSON string literal, quotes included.
+    pub json: String,
+}
+
+impl TableRef {
+    pub fn new(schema: &str, table: &str) -> TableRef {
+        let name = format!("{schema}.{table}");
+        let json = serde_json::to_string(&name).expect("a string serialises");
+        TableRef { name, json }
+    }
+}
+
+/// One committed change, its values already rendered as JSON.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub op: Op,
+    pub table: Arc<TableRef>,
+    /// The row after the change, a JSON object; `None` renders as null.
+    pub data: Option<Vec<u8>>,
+    /// The row (or its key) before the change, when replica identity gives it.
+    pub old: Option<Vec<u8>>,
+    /// The LSN of the transaction's commit record.
+    pub commit_lsn: u64,
+    /// Commit time, microseconds since 2000-01-01 UTC.
+    pub commit_ts: i64,
+    /// Position of the change within its transaction, from 0.
+    pub index: u32,
+    /// Hashes of the rows this change touches (table + replica identity key),
+    /// so delivery never has two batches with the same row in flight. A
+    /// truncate carries the hash of its table alone, see [`table_hash`].
+    pub rows: RowSet,
+}
+
+/// The rows a change touches; at most two (an update that moves its key).
+pub type RowSet = smallvec_lite::Rows;
+
+/// Hash identifying "every row of this table" for truncates.
+pub fn table_hash(table: &TableRef) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    table.name.hash(&mut h);
+    h.finish()
+}
+
+/// A tiny fixed-capacity set of row hashes, to avoid a heap allocation per change.
+pub mod smallvec_lite {
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct Rows {
+        len: u8,
+        items: [u64; 2],
+    }
+
+    impl Rows {
+        pub fn one(h: u64) -> Rows {
+            Rows {
+                len: 1,
+                items: [h, 0],
+            }
+        }
+        pub fn push(&mut self, h: u64) {
+            if self.as_slice().contains(&h) {
+                return;
+            }
+            if (self.len as usize) < self.items.len() {
+                self.items[self.len as usize] = h;
+                self.len += 1;
+            }
+        }
+        pub fn as_slice(&self) -> &[u64] {
+            &self.items[..self.len as usize]
+        }
+    }
+}
+
+/// Appends the change's envelope line (with its trailing newline) to `out`.
+pub fn write_line(out: &mut Vec<u8>, namespace: &Uuid, change: &Change, seq: u64) {
+    let lsn = format_lsn(change.commit_lsn);
+    out.extend_from_slice(b"{\"op\":\"");
+    out.extend_from_slice(change.op.as_str().as_bytes());
+    out.extend_from_slice(b"\",\"table\":");
+    out.extend_from_slice(change.table.json.as_bytes());
+    out.extend_from_slice(b",\"data\":");
+    out.extend_from_slice(change.data.as_deref().unwrap_or(b"null"));
+    out.extend_from_slice(b",\"old\":");
+    out.extend_from_slice(change.old.as_deref().unwrap_or(b"null"));
+    out.extend_from_slice(b",\"seq\":");
+    out.extend_from_slice(seq.to_string().as_bytes());
+    out.extend_from_slice(b",\"idempotency_key\":\"");
+    let key = idempotency_key(namespace, &lsn, change.index);
+    out.extend_from_slice(
+        key.hyphenated()
+            .encode_lower(&mut Uuid::encode_buffer())
+            .as_bytes(),
+    );
+    out.extend_from_slice(b"\",\"commit_lsn\":\"");
+    out.extend_from_slice(lsn.as_bytes());
+    out.extend_from_slice(b"\"}\n");
+}
+
+/// The idempotency key of the change at `index` in the transaction committed at `lsn`.
+pub fn idempotency_key(namespace: &Uuid, lsn: &str, index: u32) -> Uuid {
+    let name = format!("{lsn}/{index}");
+    Uuid::new_v5(namespace, name.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(op: Op) -> Change {
+        Change {
+            op,
+            table: Arc::new(TableRef::new("public", "orders")),
+            data: Some(br#"{"id":42,"status":"shipped"}"#.to_vec()),
+            old: None,
+            commit_lsn: 0x1A2B3C8,
+            commit_ts: 0,
+            index: 3,
+            rows: RowSet::one(1),
+        }
+    }
+
+    #[test]
+    fn line_has_contract_field_order() {
+        let ns = pipeline_namespace("orders");
+        let mut out = Vec::new();
+        write_line(&mut out, &ns, &change(Op::Update), 137);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.ends_with('\n'));
+        let prefix = r#"{"op":"update","table":"public.orders","data":{"id":42,"status":"shipped"},"old":null,"seq":137,"idempotency_key":""#;
+        assert!(text.starts_with(prefix), "{text}");
+        assert!(text.ends_with("\"commit_lsn\":\"0/1A2B3C8\"}\n"), "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["seq"], 137);
+    }
+
+    #[test]
+    fn idempotency_key_is_stable_and_position_dependent() {
+        let ns = pipeline_namespace("orders");
+        let a = idempotency_key(&ns, "0/1A2B3C8", 0);
+        assert_eq!(a, idempotency_key(&ns, "0/1A2B3C8", 0));
+        assert_ne!(a, idempotency_key(&ns, "0/1A2B3C8", 1));
+        assert_ne!(
+            a,
+            idempotency_key(&pipeline_namespace("other"), "0/1A2B3C8", 0)
+        );
+        assert_eq!(a.get_version_num(), 5);
+    }
+}

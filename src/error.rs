@@ -1,0 +1,265 @@
+//! One error type for the library, and the one place that decides what a
+//! failure means for the pipeline (retry, park, stop).
+//!
+//! Every error a user can cause carries a hint that says what to do about it,
+//! so the binary can print `error: ...` followed by `fix: ...`.
+
+use std::fmt;
+
+use crate::source::replication::ReplicationError;
+
+/// Library result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, at the level a caller acts on.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration is invalid; the message names the key.
+    #[error("{0}")]
+    Config(String),
+
+    /// A SQL command on the ordinary Postgres connection failed.
+    #[error("{context}: {source}")]
+    Postgres {
+        context: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
+    /// The replication connection failed.
+    #[error("{context}: {source}")]
+    Replication {
+        context: String,
+        #[source]
+        source: Box<ReplicationError>,
+    },
+
+    /// The server sent a pgoutput message we cannot decode.
+    #[error("cannot decode a pgoutput message: {0}")]
+    Decode(#[from] crate::source::pgoutput::DecodeError),
+
+    /// A request to the destination failed.
+    #[error("{op} {key}: {source}")]
+    Store {
+        op: &'static str,
+        key: String,
+        #[source]
+        source: Box<object_store::Error>,
+    },
+
+    /// The local state store failed.
+    #[error("local state ({path}): {source}")]
+    State {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+
+    /// A local file operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The pipeline cannot go on until an operator acts; `hint` says how.
+    #[error("{message}")]
+    Fatal { message: String, hint: String },
+}
+
+/// What the pipeline does about a failed delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Try the same request again after the backoff.
+    Retry,
+    /// Nothing a retry can fix for the whole pipeline: stop and say why.
+    Stop,
+}
+
+impl Error {
+    pub fn config(message: impl Into<String>) -> Self {
+        Error::Config(message.into())
+    }
+
+    pub fn fatal(message: impl Into<String>, hint: impl Into<String>) -> Self {
+        Error::Fatal {
+            message: message.into(),
+            hint: hint.into(),
+        }
+    }
+
+    pub fn postgres(context: impl Into<String>, source: tokio_postgres::Error) -> Self {
+        Error::Postgres {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub fn replication(context: impl Into<String>, source: ReplicationError) -> Self {
+        Error::Replication {
+            context: context.into(),
+            source: Box::new(source),
+        }
+    }
+
+    pub fn store(op: &'static str, key: impl Into<String>, source: object_store::Error) -> Self {
+        Error::Store {
+            op,
+            key: key.into(),
+            source: Box::new(source),
+        }
+    }
+
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// The one classification of failures (see DESIGN.md, "Retry").
+    ///
+    /// Retried: network errors, timeouts, 5xx and throttling from the store, a
+    /// dropped replication connection. Stopped at once: credentials refused,
+    /// a missing bucket or slot, a bad configuration, a corrupt local state:
+    /// retrying those only delays the message the operator needs.
+    pub fn disposition(&self) -> Disposition {
+        match self {
+            Error::Store { source, .. } => match source.as_ref() {
+                object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. }
+                | object_store::Error::NotImplemented { .. }
+                | object_store::Error::NotSupported { .. }
+                | object_store::Error::UnknownConfigurationKey { .. } => Disposition::Stop,
+                object_store::Error::NotFound { .. } => Disposition::Stop,
+                _ => Disposition::Retry,
+            },
+            Error::Replication { source, .. } => match source.as_ref() {
+                ReplicationError::Io(_)
+                | ReplicationError::Closed
+                | ReplicationError::Connect { .. } => Disposition::Retry,
+                // Admin shutdown / crash recovery / too many connections: the server comes back.
+                ReplicationError::Server { code, .. }
+                    if matches!(
+                        code.as_str(),
+                        "57P01" | "57P02" | "57P03" | "53300" | "08006"
+                    ) =>
+                {
+                    Disposition::Retry
+                }
+                // Slot in use by another process: usually the previous session has not ended yet.
+                ReplicationError::Server { code, .. } if code == "55006" => Disposition::Retry,
+                _ => Disposition::Stop,
+            },
+            Error::Postgres { source, .. } => {
+                if source.is_closed() || source.as_db_error().is_none() {
+                    Disposition::Retry
+                } else {
+                    match source.code().map(|c| c.code()) {
+                        Some("57P01" | "57P02" | "57P03" | "53300") => Disposition::Retry,
+                        _ => Disposition::Stop,
+                    }
+                }
+            }
+            Error::Io { .. } => Disposition::Retry,
+            Error::Config(_) | Error::Decode(_) | Error::State { .. } | Error::Fatal { .. } => {
+                Disposition::Stop
+            }
+        }
+    }
+
+    /// What the operator should do, when we know.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Error::Fatal { hint, .. } => Some(hint.clone()),
+            Error::Store { source, .. } => store_hint(source),
+            Error::Replication { source, .. } => replication_hint(source),
+            Error::Postgres { source, .. } => {
+                postgres_hint(source.code().map(|c| c.code()).unwrap_or(""))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The fix for a failed request to the destination.
+pub fn store_hint(err: &object_store::Error) -> Option<String> {
+    let text = err.to_string();
+    Some(match err {
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => {
+            if text.contains("SignatureDoesNotMatch") || text.contains("InvalidAccessKeyId") {
+                "the store refused the credentials: check destination.access_key_id and \
+                 destination.secret_access_key (or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)"
+                    .into()
+            } else {
+                "the store refused the request: grant s3:PutObject on the bucket and prefix \
+                 to these credentials"
+                    .into()
+            }
+        }
+        object_store::Error::NotFound { .. } => {
+            "the bucket does not exist (NoSuchBucket): create it, or fix destination.bucket".into()
+        }
+        _ if text.contains("NoSuchBucket") => {
+            "the bucket does not exist: create it, or fix destination.bucket".into()
+        }
+        _ if text.contains("error sending request") || text.contains("Connection refused") => {
+            "the store cannot be reached: check destination.endpoint and the network".into()
+        }
+        _ => return None,
+    })
+}
+
+fn replication_hint(err: &ReplicationError) -> Option<String> {
+    match err {
+        ReplicationError::Server { code, .. } => postgres_hint(code),
+        ReplicationError::Connect { .. } => {
+            Some("check the host and port in source.url, and that Postgres is running".into())
+        }
+        _ => None,
+    }
+}
+
+fn postgres_hint(code: &str) -> Option<String> {
+    Some(
+        match code {
+            "28P01" | "28000" => {
+                "Postgres refused the login: check the user and password in source.url \
+                 (or PGPASSWORD) and pg_hba.conf"
+            }
+            "42501" => {
+                "the role lacks a privilege: ALTER ROLE <user> WITH REPLICATION; and grant \
+                 SELECT on the tables"
+            }
+            "42704" => "the replication slot does not exist: run `waltail run` to create it",
+            "55000" => "set wal_level = logical in postgresql.conf and restart Postgres",
+            "53400" => {
+                "all replication slots are in use: raise max_replication_slots or drop an \
+                 unused slot"
+            }
+            _ => return None,
+        }
+        .to_string(),
+    )
+}
+
+/// Prints an error with its whole cause chain and hint, as the binary shows it.
+pub struct Report<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for Report<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            let text = c.to_string();
+            // Error types that already embed their source in Display would repeat it.
+            if !self.0.to_string().contains(&text) {
+                write!(f, ": {text}")?;
+            }
+            cause = c.source();
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,30 @@
+//! waltail archives every committed PostgreSQL change to S3 (or any
+//! S3-compatible store, or a local folder) as NDJSON objects under dated
+//! prefixes.
+//!
+//! The modules follow the data flow:
+//!
+//! ```text
+//! Postgres --replication (pgoutput)--> source --> Change --> envelope (seq, key)
+//!     --> batch (size, linger) --> delivery (in-flight limit, rate, retry,
+//!     per-row order) --> sink (object_store PUT) --> checkpoint (confirm LSN)
+//! ```
+//!
+//! [`pipeline`] wires them and holds the guarantees that span stages: no
+//! committed change is lost (the slot is confirmed only past transactions
+//! wholly in the archive) and no seq range is written as two different
+//! objects (batch intents are persisted before each PUT).
+
+pub mod batch;
+pub mod checkpoint;
+pub mod cli;
+pub mod config;
+pub mod delivery;
+pub mod envelope;
+pub mod error;
+pub mod pipeline;
+pub mod sink;
+pub mod source;
+pub mod telemetry;
+
+pub use error::{Error, Result};

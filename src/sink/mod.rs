@@ -1,0 +1,164 @@
+//! The destination: one PUT per batch into S3 (or any S3-compatible store) or
+//! a local folder, through `object_store`.
+//!
+//! The run path uses PutObject only (no List, Get or Delete), so credentials
+//! limited to s3:PutObject on the prefix are enough. A PUT to an existing key
+//! replaces it; since a batch's key and bytes are deterministic, a retried or
+//! re-sent batch leaves exactly the same object.
+
+pub mod layout;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    Attribute, Attributes, ClientOptions, ObjectStore, PutOptions, PutPayload, RetryConfig,
+};
+use secrecy::ExposeSecret;
+
+use crate::config::{DestinationConfig, S3Config};
+use crate::{Error, Result};
+
+/// The content type of archive objects.
+pub const NDJSON_CONTENT_TYPE: &str = "application/x-ndjson";
+
+/// A request that has not answered in this long is abandoned and retried by
+/// delivery's own policy (the product page's backoff), not object_store's.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where objects go.
+#[derive(Clone, Debug)]
+pub struct Sink {
+    store: Arc<dyn ObjectStore>,
+    prefix: Option<String>,
+    /// Local files carry no content type (object_store's LocalFileSystem
+    /// refuses attributes); S3 objects do.
+    typed: bool,
+    describe: String,
+}
+
+impl Sink {
+    /// Builds the store for a destination. Nothing is sent yet.
+    pub fn new(dest: &DestinationConfig) -> Result<Sink> {
+        let describe = dest.describe();
+        match dest {
+            DestinationConfig::File { path, prefix } => {
+                std::fs::create_dir_all(path).map_err(|e| {
+                    Error::io(
+                        format!("cannot create the archive folder {}", path.display()),
+                        e,
+                    )
+                })?;
+                let store = LocalFileSystem::new_with_prefix(path)
+                    .map_err(|e| Error::store("open", path.display().to_string(), e))?;
+                Ok(Sink {
+                    store: Arc::new(store),
+                    prefix: prefix.clone(),
+                    typed: false,
+                    describe,
+                })
+            }
+            DestinationConfig::S3(s3) => Ok(Sink {
+                store: Arc::new(s3_store(s3)?),
+                prefix: s3.prefix.clone(),
+                typed: true,
+                describe,
+            }),
+        }
+    }
+
+    /// A sink over any store (tests use InMemory and fault-injecting wrappers).
+    pub fn from_store(store: Arc<dyn ObjectStore>, prefix: Option<String>) -> Sink {
+        Sink {
+            store,
+            prefix,
+            typed: true,
+            describe: "object store".into(),
+        }
+    }
+
+    pub fn prefix(&self) -> Option<&str> {
+        self.prefix.as_deref()
+    }
+
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// `s3://bucket/prefix` or the folder, for messages.
+    pub fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    /// Writes one object (whole, or not at all).
+    pub async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
+        let mut opts = PutOptions::default();
+        if self.typed {
+            opts.attributes =
+                Attributes::from_iter([(Attribute::ContentType, content_type.to_string())]);
+        }
+        self.store
+            .put_opts(&ObjectPath::from(key), PutPayload::from(body), opts)
+            .await
+            .map(|_| ())
+            .map_err(|source| Error::store("PUT", key, source))
+    }
+
+    /// The connection check: writes `[prefix/].waltail-check`, proving that
+    /// the store is reachable and accepts our writes.
+    pub async fn check(&self, pipeline: &str) -> Result<String> {
+        let key = layout::check_key(self.prefix());
+        let body = format!(
+            "{{\"pipeline\":{},\"checked_at\":\"{}\"}}\n",
+            serde_json::Value::from(pipeline),
+            chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        );
+        self.put(&key, Bytes::from(body), "application/json")
+            .await?;
+        Ok(key)
+    }
+}
+
+fn s3_store(s3: &S3Config) -> Result<object_store::aws::AmazonS3> {
+    // from_env picks up AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN,
+    // AWS_REGION / AWS_DEFAULT_REGION, AWS_ENDPOINT and the container/instance
+    // credential chain when the file gives no keys.
+    let mut b = AmazonS3Builder::from_env().with_bucket_name(&s3.bucket);
+    if let Some(region) = &s3.region {
+        b = b.with_region(region);
+    }
+    if let Some(endpoint) = &s3.endpoint {
+        b = b.with_endpoint(endpoint);
+    }
+    if s3.use_path_style {
+        b = b.with_virtual_hosted_style_request(false);
+    }
+    if let (Some(id), Some(secret)) = (&s3.access_key_id, &s3.secret_access_key) {
+        b = b
+            .with_access_key_id(id)
+            .with_secret_access_key(secret.expose_secret());
+    }
+    let allow_http = s3
+        .endpoint
+        .as_deref()
+        .is_some_and(|e| e.starts_with("http://"));
+    b = b
+        .with_client_options(
+            ClientOptions::new()
+                .with_timeout(REQUEST_TIMEOUT)
+                .with_connect_timeout(CONNECT_TIMEOUT),
+        )
+        // with_client_options replaces the whole options object, allow_http included.
+        .with_allow_http(allow_http)
+        .with_retry(RetryConfig {
+            max_retries: 0,
+            ..RetryConfig::default()
+        });
+    b.build()
+        .map_err(|source| Error::store("configure", format!("s3://{}", s3.bucket), source))
+}

@@ -1,0 +1,133 @@
+//! Creates (or reuses) the pipeline's publication and replication slot.
+//!
+//! Names come from the configuration (default `waltail_<pipeline>`) and are
+//! always quoted as identifiers. The publication is kept equal to the
+//! configured table list, so adding a table to the config is enough.
+
+use tokio_postgres::Client;
+
+use crate::config::{SourceConfig, TableName, quote_ident};
+use crate::{Error, Result};
+
+/// Makes the publication exist and publish exactly the configured tables.
+pub async fn ensure_publication(client: &Client, source: &SourceConfig) -> Result<()> {
+    for t in &source.tables {
+        let exists = client
+            .query_opt(
+                "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+                &[&t.schema, &t.name],
+            )
+            .await
+            .map_err(|e| Error::postgres("looking up the configured tables", e))?;
+        if exists.is_none() {
+            return Err(Error::fatal(
+                format!("table {t} does not exist"),
+                format!("create it, or remove \"{t}\" from source.tables"),
+            ));
+        }
+    }
+    let table_list = source
+        .tables
+        .iter()
+        .map(TableName::quoted)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let pubname = quote_ident(&source.publication);
+    let existing = client
+        .query_opt(
+            "SELECT puballtables FROM pg_publication WHERE pubname = $1",
+            &[&source.publication],
+        )
+        .await
+        .map_err(|e| Error::postgres("looking up the publication", e))?;
+    match existing {
+        None => {
+            client
+                .batch_execute(&format!(
+                    "CREATE PUBLICATION {pubname} FOR TABLE {table_list}"
+                ))
+                .await
+                .map_err(|e| Error::postgres(format!("creating publication {pubname}"), e))?;
+            tracing::info!(publication = %source.publication, tables = %table_list, "created the publication");
+        }
+        Some(row) => {
+            let all_tables: bool = row.get(0);
+            if all_tables {
+                tracing::info!(publication = %source.publication, "reusing a FOR ALL TABLES publication");
+                return Ok(());
+            }
+            let rows = client
+                .query(
+                    "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
+                    &[&source.publication],
+                )
+                .await
+                .map_err(|e| Error::postgres("reading the publication's tables", e))?;
+            let mut have: Vec<TableName> = rows
+                .iter()
+                .map(|r| TableName {
+                    schema: r.get(0),
+                    name: r.get(1),
+                })
+                .collect();
+            have.sort();
+            let mut want = source.tables.clone();
+            want.sort();
+            if have != want {
+                client
+                    .batch_execute(&format!(
+                        "ALTER PUBLICATION {pubname} SET TABLE {table_list}"
+                    ))
+                    .await
+                    .map_err(|e| Error::postgres(format!("updating publication {pubname}"), e))?;
+                tracing::info!(publication = %source.publication, tables = %table_list, "updated the publication's tables");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the pipeline's slot exists; an existing slot of another plugin
+/// or database is an error, never silently reused.
+pub async fn slot_exists(client: &Client, source: &SourceConfig) -> Result<bool> {
+    let row = client
+        .query_opt(
+            "SELECT plugin::text, database::text, current_database()::text
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&source.slot],
+        )
+        .await
+        .map_err(|e| Error::postgres("looking up the replication slot", e))?;
+    let Some(row) = row else {
+        return Ok(false);
+    };
+    let plugin: Option<String> = row.get(0);
+    let database: Option<String> = row.get(1);
+    let current: String = row.get(2);
+    if plugin.as_deref() != Some("pgoutput") || database.as_deref() != Some(current.as_str()) {
+        return Err(Error::fatal(
+            format!(
+                "replication slot {} exists but belongs to plugin {:?} in database {:?}, not pgoutput in {current:?}",
+                source.slot,
+                plugin.unwrap_or_default(),
+                database.unwrap_or_default()
+            ),
+            "choose another name with source.slot, or drop that slot if it is unused: SELECT pg_drop_replication_slot('<slot>');",
+        ));
+    }
+    Ok(true)
+}
+
+/// Creates the pipeline's logical slot (pgoutput, in this database).
+pub async fn create_slot(client: &Client, source: &SourceConfig) -> Result<()> {
+    client
+        .query(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&source.slot],
+        )
+        .await
+        .map_err(|e| Error::postgres(format!("creating replication slot {}", source.slot), e))?;
+    tracing::info!(slot = %source.slot, "created the replication slot");
+    Ok(())
+}

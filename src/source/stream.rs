@@ -1,0 +1,338 @@
+//! Turns the replication stream into [`SourceEvent`]s: decodes pgoutput,
+//! keeps the relation cache, renders each row's values as JSON once, and
+//! skips transactions the pipeline has already confirmed.
+//!
+//! The source task blocks on the bounded event channel when the pipeline is
+//! busy (backpressure: Postgres keeps the WAL meanwhile). The connection stays
+//! alive because status updates are sent from a separate task (see
+//! [`crate::pipeline`]), and reply requests are passed on at once.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use tokio::sync::{Notify, mpsc};
+
+use crate::envelope::{Change, Op, RowSet, TableRef, table_hash};
+use crate::source::pgoutput::{self, ColumnValue, LogicalMessage, OldTuple, Relation, TupleData};
+use crate::source::replication::{ReplicationMessage, ReplicationStream};
+use crate::source::types;
+use crate::{Error, Result};
+
+/// What the source tells the pipeline, in stream order.
+#[derive(Debug)]
+pub enum SourceEvent {
+    /// A transaction starts; its changes follow.
+    Begin,
+    Change(Change),
+    /// The transaction is complete; `end_lsn` is what may be confirmed.
+    Commit {
+        end_lsn: u64,
+    },
+    /// The server has sent everything up to `wal_end`.
+    Keepalive {
+        wal_end: u64,
+    },
+}
+
+struct ColumnInfo {
+    /// `"name":` ready to append.
+    key_json: Vec<u8>,
+    type_oid: u32,
+    is_key: bool,
+}
+
+struct RelationInfo {
+    table: Arc<TableRef>,
+    columns: Vec<ColumnInfo>,
+    has_key: bool,
+}
+
+struct Txn {
+    commit_lsn: u64,
+    commit_ts: i64,
+    index: u32,
+    skip: bool,
+}
+
+/// The stateful part of the source: relations and the open transaction.
+pub struct Decoder {
+    relations: HashMap<u32, RelationInfo>,
+    /// Transactions committed before this LSN were already confirmed.
+    skip_before: u64,
+    txn: Option<Txn>,
+}
+
+impl Decoder {
+    pub fn new(skip_before: u64) -> Self {
+        Decoder {
+            relations: HashMap::new(),
+            skip_before,
+            txn: None,
+        }
+    }
+
+    /// Handles one replication message, appending the resulting events.
+    pub fn handle(&mut self, msg: ReplicationMessage, out: &mut Vec<SourceEvent>) -> Result<()> {
+        match msg {
+            ReplicationMessage::Keepalive { wal_end, .. } => {
+                out.push(SourceEvent::Keepalive { wal_end });
+                Ok(())
+            }
+            ReplicationMessage::XLogData { data, .. } => {
+                let msg = pgoutput::decode(data)?;
+                self.logical(msg, out)
+            }
+        }
+    }
+
+    fn logical(&mut self, msg: LogicalMessage, out: &mut Vec<SourceEvent>) -> Result<()> {
+        match msg {
+            LogicalMessage::Begin {
+                final_lsn,
+                commit_ts,
+                ..
+            } => {
+                let skip = final_lsn < self.skip_before;
+                if skip {
+                    tracing::debug!(
+                        commit_lsn = %pgoutput::format_lsn(final_lsn),
+                        "skipping a transaction confirmed before the restart"
+                    );
+                } else {
+                    out.push(SourceEvent::Begin);
+                }
+                self.txn = Some(Txn {
+                    commit_lsn: final_lsn,
+                    commit_ts,
+                    index: 0,
+                    skip,
+                });
+            }
+            LogicalMessage::Commit { end_lsn, .. } => {
+                let txn = self
+                    .txn
+                    .take()
+                    .ok_or_else(|| protocol("Commit without Begin"))?;
+                if !txn.skip {
+                    out.push(SourceEvent::Commit { end_lsn });
+                }
+            }
+            LogicalMessage::Relation(rel) => {
+                self.relations.insert(rel.rel_id, relation_info(&rel));
+            }
+            LogicalMessage::Insert { rel_id, new } => {
+                self.change(rel_id, out, |rel| {
+                    Ok((
+                        Op::Insert,
+                        Some(row_json(rel, &new, false)),
+                        None,
+                        row_hash(rel, &new),
+                        None,
+                    ))
+                })?;
+            }
+            LogicalMessage::Update { rel_id, old, new } => {
+                self.change(rel_id, out, |rel| {
+                    let new_hash = row_hash(rel, &new);
+                    let (old_json, old_hash) = match &old {
+                        None => (None, None),
+                        Some(OldTuple::Key(t)) => {
+                            (Some(row_json(rel, t, true)), Some(row_hash(rel, t)))
+                        }
+                        Some(OldTuple::Full(t)) => {
+                            (Some(row_json(rel, t, false)), Some(row_hash(rel, t)))
+                        }
+                    };
+                    Ok((
+                        Op::Update,
+                        Some(row_json(rel, &new, false)),
+                        old_json,
+                        new_hash,
+                        old_hash,
+                    ))
+                })?;
+            }
+            LogicalMessage::Delete { rel_id, old } => {
+                self.change(rel_id, out, |rel| {
+                    let (json, hash) = match &old {
+                        OldTuple::Key(t) => (row_json(rel, t, true), row_hash(rel, t)),
+                        OldTuple::Full(t) => (row_json(rel, t, false), row_hash(rel, t)),
+                    };
+                    Ok((Op::Delete, None, Some(json), hash, None))
+                })?;
+            }
+            LogicalMessage::Truncate { rel_ids, .. } => {
+                for rel_id in rel_ids {
+                    self.change(rel_id, out, |rel| {
+                        Ok((Op::Truncate, None, None, table_hash(&rel.table), None))
+                    })?;
+                }
+            }
+            // Origins, custom type names and logical messages carry no row changes.
+            LogicalMessage::Origin { .. }
+            | LogicalMessage::Type { .. }
+            | LogicalMessage::Message { .. } => {}
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn change(
+        &mut self,
+        rel_id: u32,
+        out: &mut Vec<SourceEvent>,
+        build: impl FnOnce(
+            &RelationInfo,
+        ) -> Result<(Op, Option<Vec<u8>>, Option<Vec<u8>>, u64, Option<u64>)>,
+    ) -> Result<()> {
+        let txn = self
+            .txn
+            .as_mut()
+            .ok_or_else(|| protocol("a change outside a transaction"))?;
+        let index = txn.index;
+        txn.index += 1;
+        if txn.skip {
+            return Ok(());
+        }
+        let rel = self.relations.get(&rel_id).ok_or_else(|| {
+            protocol(&format!(
+                "a change for relation {rel_id} before its Relation message"
+            ))
+        })?;
+        let (op, data, old, hash, other) = build(rel)?;
+        let mut rows = RowSet::one(hash);
+        if let Some(h) = other {
+            rows.push(h);
+        }
+        out.push(SourceEvent::Change(Change {
+            op,
+            table: rel.table.clone(),
+            data,
+            old,
+            commit_lsn: txn.commit_lsn,
+            commit_ts: txn.commit_ts,
+            index,
+            rows,
+        }));
+        Ok(())
+    }
+}
+
+fn protocol(what: &str) -> Error {
+    Error::fatal(
+        format!("unexpected replication stream: {what}"),
+        "this is a bug in waltail or an unsupported server; report it with the server version",
+    )
+}
+
+fn relation_info(rel: &Relation) -> RelationInfo {
+    let columns: Vec<ColumnInfo> = rel
+        .columns
+        .iter()
+        .map(|c| {
+            let mut key_json = Vec::with_capacity(c.name.len() + 3);
+            types::write_json_str(&mut key_json, &c.name);
+            key_json.push(b':');
+            ColumnInfo {
+                key_json,
+                type_oid: c.type_oid,
+                is_key: c.is_key(),
+            }
+        })
+        .collect();
+    let has_key = columns.iter().any(|c| c.is_key);
+    RelationInfo {
+        table: Arc::new(TableRef::new(&rel.namespace, &rel.name)),
+        columns,
+        has_key,
+    }
+}
+
+/// The row as a JSON object in column order. An unchanged TOASTed value is
+/// left out (key absent, not null): the server did not send it.
+fn row_json(rel: &RelationInfo, tuple: &TupleData, key_only: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + tuple.0.len() * 16);
+    out.push(b'{');
+    let mut first = true;
+    for (col, value) in rel.columns.iter().zip(&tuple.0) {
+        if key_only && rel.has_key && !col.is_key {
+            continue;
+        }
+        if matches!(value, ColumnValue::UnchangedToast) {
+            continue;
+        }
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.extend_from_slice(&col.key_json);
+        match value {
+            ColumnValue::Text(text) => types::write_json(&mut out, col.type_oid, text),
+            ColumnValue::Binary(bytes) => {
+                // Never requested (we ask for text); kept faithful if it comes.
+                use base64::Engine;
+                let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+                types::write_json_str(&mut out, &b64)
+            }
+            ColumnValue::Null | ColumnValue::UnchangedToast => out.extend_from_slice(b"null"),
+        }
+    }
+    out.push(b'}');
+    out
+}
+
+/// Identifies the row (table + replica identity key) for per-row ordering.
+/// Without key columns the whole table counts as one row.
+fn row_hash(rel: &RelationInfo, tuple: &TupleData) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    rel.table.name.hash(&mut h);
+    for (col, value) in rel.columns.iter().zip(&tuple.0) {
+        if col.is_key {
+            match value {
+                ColumnValue::Text(b) | ColumnValue::Binary(b) => b.as_ref().hash(&mut h),
+                ColumnValue::Null => 0u8.hash(&mut h),
+                ColumnValue::UnchangedToast => 1u8.hash(&mut h),
+            }
+        }
+    }
+    h.finish()
+}
+
+/// Reads the replication stream until it ends or fails, sending events to
+/// the pipeline. Reply requests are signalled on `reply` immediately, before
+/// any backpressure can delay them.
+pub async fn run(
+    mut stream: ReplicationStream,
+    mut decoder: Decoder,
+    tx: mpsc::Sender<SourceEvent>,
+    reply: Arc<Notify>,
+) -> Result<()> {
+    let mut events = Vec::new();
+    loop {
+        let msg = stream
+            .next()
+            .await
+            .map_err(|e| Error::replication("reading the replication stream", e))?;
+        let Some(msg) = msg else {
+            return Err(Error::replication(
+                "reading the replication stream",
+                crate::source::replication::ReplicationError::Closed,
+            ));
+        };
+        if let ReplicationMessage::Keepalive {
+            reply_requested: true,
+            ..
+        } = msg
+        {
+            reply.notify_one();
+        }
+        decoder.handle(msg, &mut events)?;
+        for ev in events.drain(..) {
+            if tx.send(ev).await.is_err() {
+                // The pipeline has stopped; it decides what happens next.
+                return Ok(());
+            }
+        }
+    }
+}
