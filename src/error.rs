@@ -38,13 +38,13 @@ pub enum Error {
     #[error("cannot decode a pgoutput message: {0}")]
     Decode(#[from] crate::source::pgoutput::DecodeError),
 
-    /// A request to the destination failed.
-    #[error("{op} {key}: {source}")]
+    /// A request to the destination failed. Displayed condensed (status,
+    /// S3 error code and message), not with the raw XML body.
+    #[error("{op} {key}: {}", summarize_store_error(cause))]
     Store {
         op: &'static str,
         key: String,
-        #[source]
-        source: Box<object_store::Error>,
+        cause: Box<object_store::Error>,
     },
 
     /// The local state store failed.
@@ -107,7 +107,7 @@ impl Error {
         Error::Store {
             op,
             key: key.into(),
-            source: Box::new(source),
+            cause: Box::new(source),
         }
     }
 
@@ -126,7 +126,7 @@ impl Error {
     /// retrying those only delays the message the operator needs.
     pub fn disposition(&self) -> Disposition {
         match self {
-            Error::Store { source, .. } => match source.as_ref() {
+            Error::Store { cause, .. } => match cause.as_ref() {
                 object_store::Error::PermissionDenied { .. }
                 | object_store::Error::Unauthenticated { .. }
                 | object_store::Error::NotImplemented { .. }
@@ -173,13 +173,37 @@ impl Error {
     pub fn hint(&self) -> Option<String> {
         match self {
             Error::Fatal { hint, .. } => Some(hint.clone()),
-            Error::Store { source, .. } => store_hint(source),
+            Error::Store { cause, .. } => store_hint(cause),
             Error::Replication { source, .. } => replication_hint(source),
             Error::Postgres { source, .. } => {
                 postgres_hint(source.code().map(|c| c.code()).unwrap_or(""))
             }
             _ => None,
         }
+    }
+}
+
+/// A one-line account of a store error: the HTTP status and the S3 error
+/// code and message when the body has them, else object_store's text.
+pub fn summarize_store_error(err: &object_store::Error) -> String {
+    let text = err.to_string();
+    let tag = |name: &str| {
+        let open = format!("<{name}>");
+        let start = text.find(&open)? + open.len();
+        let end = text[start..].find(&format!("</{name}>"))? + start;
+        Some(text[start..end].to_string())
+    };
+    match tag("Code") {
+        Some(code) => {
+            let status = text
+                .split("status code: ")
+                .nth(1)
+                .and_then(|s| s.split(':').next())
+                .unwrap_or("error");
+            let message = tag("Message").unwrap_or_default();
+            format!("{status}: {code}: {message}")
+        }
+        None => text.lines().next().unwrap_or_default().to_string(),
     }
 }
 

@@ -1,0 +1,494 @@
+//! Shared harness for the integration tests: real PostgreSQL and SeaweedFS
+//! (started by scripts/services.sh, see scripts/test.sh), the real binary.
+//!
+//! Each test gets its own database, pipeline name and archive prefix, so tests
+//! run in parallel without seeing each other. Processes the tests start are
+//! stopped by pid when the test ends, pass or fail.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::TryStreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjectPath;
+use object_store::{Attribute, ObjectStore, ObjectStoreExt};
+use serde_json::Value;
+
+pub fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+/// The logical-replication Postgres the tests use (admin URL).
+pub fn pg_admin_url() -> String {
+    env_or("WT_TEST_PG", "postgres://postgres@127.0.0.1:55440/postgres")
+}
+
+pub fn pg_replica_url() -> String {
+    env_or(
+        "WT_TEST_PG_REPLICA",
+        "postgres://postgres@127.0.0.1:55441/postgres",
+    )
+}
+
+pub struct S3 {
+    pub endpoint: String,
+    pub bucket: String,
+    pub key: String,
+    pub secret: String,
+    pub put_key: String,
+    pub put_secret: String,
+}
+
+pub fn s3() -> S3 {
+    S3 {
+        endpoint: env_or("WT_TEST_S3_ENDPOINT", "http://127.0.0.1:8333"),
+        bucket: env_or("WT_TEST_S3_BUCKET", "waltail-test"),
+        key: env_or("WT_TEST_S3_KEY", "waltail-test-key"),
+        secret: env_or("WT_TEST_S3_SECRET", "waltail-test-secret"),
+        put_key: env_or("WT_TEST_S3_PUT_KEY", "waltail-put-only-key"),
+        put_secret: env_or("WT_TEST_S3_PUT_SECRET", "waltail-put-only-secret"),
+    }
+}
+
+/// A unique, valid name for databases, pipelines and prefixes.
+pub fn unique(tag: &str) -> String {
+    format!("{tag}_{:012x}", fastrand::u64(..) >> 16)
+}
+
+/// A fresh database on the test server, dropped (with its slots) by `drop_db`.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub client: tokio_postgres::Client,
+}
+
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("cannot connect to the test Postgres at {url}: {e}; start it with scripts/services.sh up (scripts/test.sh does)")
+        });
+    tokio::spawn(conn);
+    client
+}
+
+impl TestDb {
+    pub async fn new(tag: &str) -> TestDb {
+        Self::on(&pg_admin_url(), tag).await
+    }
+
+    pub async fn on(admin_url: &str, tag: &str) -> TestDb {
+        let admin = connect(admin_url).await;
+        let name = unique(tag);
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        let url = format!("{}/{name}", admin_url.rsplit_once('/').unwrap().0);
+        let client = connect(&url).await;
+        client.batch_execute("SET TimeZone = 'UTC'").await.unwrap();
+        TestDb { name, url, client }
+    }
+
+    pub async fn exec(&self, sql: &str) {
+        self.client
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// Every row of `table` as JSON (to_jsonb in UTC), by its `id` column.
+    pub async fn rows(&self, table: &str) -> BTreeMap<String, Value> {
+        let rows = self
+            .client
+            .query(&format!("SELECT to_jsonb(t)::text FROM {table} t"), &[])
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| {
+                let v: Value = serde_json::from_str(&r.get::<_, String>(0)).unwrap();
+                (v["id"].to_string(), v)
+            })
+            .collect()
+    }
+
+    pub async fn drop_db(self) {
+        drop(self.client);
+        let admin = connect(&pg_admin_url()).await;
+        let _ = admin
+            .batch_execute(&format!(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = '{0}' AND active_pid IS NOT NULL;
+                 SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{0}';
+                 DROP DATABASE IF EXISTS {0} WITH (FORCE)",
+                self.name
+            ))
+            .await;
+    }
+}
+
+/// The waltail binary, configured through WALTAIL_* variables, in its own folder.
+pub struct Waltail {
+    pub dir: tempfile::TempDir,
+    pub env: Vec<(String, String)>,
+    child: Option<Child>,
+    runs: usize,
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_waltail")
+}
+
+impl Waltail {
+    pub fn new(db: &TestDb, pipeline: &str, tables: &str) -> Waltail {
+        Waltail {
+            dir: tempfile::tempdir().unwrap(),
+            env: vec![
+                ("WALTAIL_PIPELINE".into(), pipeline.into()),
+                ("WALTAIL_SOURCE_URL".into(), db.url.clone()),
+                ("WALTAIL_SOURCE_TABLES".into(), tables.into()),
+                ("WALTAIL_DELIVERY_LINGER_MS".into(), "50".into()),
+                ("WALTAIL_DELIVERY_BACKOFF".into(), "50ms".into()),
+            ],
+            child: None,
+            runs: 0,
+        }
+    }
+
+    pub fn set(&mut self, key: &str, value: &str) -> &mut Self {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Points the pipeline at the test bucket under `prefix` with the admin keys.
+    pub fn s3(&mut self, prefix: &str) -> &mut Self {
+        let s3 = s3();
+        self.set("WALTAIL_DESTINATION_TYPE", "s3")
+            .set("WALTAIL_DESTINATION_BUCKET", &s3.bucket)
+            .set("WALTAIL_DESTINATION_PREFIX", prefix)
+            .set("WALTAIL_DESTINATION_ENDPOINT", &s3.endpoint)
+            .set("WALTAIL_DESTINATION_REGION", "us-east-1")
+            .set("WALTAIL_DESTINATION_USE_PATH_STYLE", "true")
+            .set("WALTAIL_DESTINATION_ACCESS_KEY_ID", &s3.key)
+            .set("WALTAIL_DESTINATION_SECRET_ACCESS_KEY", &s3.secret)
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(bin());
+        cmd.args(args).current_dir(self.dir.path());
+        for (k, _) in std::env::vars() {
+            if k.starts_with("WALTAIL_") || k.starts_with("AWS_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd
+    }
+
+    /// Runs a command to completion: (exit status, stdout, stderr).
+    pub fn output(&self, args: &[&str]) -> (ExitStatus, String, String) {
+        let out = self.command(args).output().unwrap();
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    pub fn log_path(&self, run: usize) -> PathBuf {
+        self.dir.path().join(format!("run-{run}.log"))
+    }
+
+    /// Starts `waltail run` in the background and waits until it streams.
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        self.runs += 1;
+        let log = std::fs::File::create(self.log_path(self.runs)).unwrap();
+        let child = self
+            .command(&["run"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        self.wait_log("streaming", Duration::from_secs(30));
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path(self.runs)).unwrap_or_default()
+    }
+
+    pub fn wait_log(&mut self, needle: &str, timeout: Duration) {
+        let start = Instant::now();
+        while !self.log().contains(needle) {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait().unwrap()
+            {
+                panic!(
+                    "waltail exited ({status}) before logging {needle:?}:\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "no {needle:?} in the log after {timeout:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// Sends `sig` and waits for the exit.
+    pub fn stop_with(&mut self, sig: &str) -> ExitStatus {
+        self.signal(sig);
+        let mut child = self.child.take().unwrap();
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                panic!(
+                    "waltail did not exit within 60 s of SIG{sig}:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Graceful stop: SIGINT, which must flush, confirm and exit 0.
+    pub fn stop(&mut self) {
+        let status = self.stop_with("INT");
+        assert!(
+            status.success(),
+            "waltail exited with {status}:\n{}",
+            self.log()
+        );
+    }
+
+    /// kill -9.
+    pub fn kill9(&mut self) {
+        let _ = self.stop_with("KILL");
+    }
+}
+
+impl Drop for Waltail {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One archive object as read back.
+#[derive(Debug, Clone)]
+pub struct Object {
+    pub key: String,
+    pub body: String,
+    pub content_type: Option<String>,
+}
+
+pub fn admin_store() -> Arc<dyn ObjectStore> {
+    let s3 = s3();
+    Arc::new(
+        AmazonS3Builder::new()
+            .with_bucket_name(&s3.bucket)
+            .with_endpoint(&s3.endpoint)
+            .with_region("us-east-1")
+            .with_access_key_id(&s3.key)
+            .with_secret_access_key(&s3.secret)
+            .with_virtual_hosted_style_request(false)
+            .with_allow_http(true)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// Every object under `prefix` in the test bucket.
+pub async fn s3_objects(prefix: &str) -> Vec<Object> {
+    let store = admin_store();
+    let metas: Vec<_> = store
+        .list(Some(&ObjectPath::from(prefix)))
+        .try_collect()
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for meta in metas {
+        let got = store.get(&meta.location).await.unwrap();
+        let content_type = got
+            .attributes
+            .get(&Attribute::ContentType)
+            .map(|v| v.to_string());
+        let body = String::from_utf8(got.bytes().await.unwrap().to_vec()).unwrap();
+        out.push(Object {
+            key: meta.location.to_string(),
+            body,
+            content_type,
+        });
+    }
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    out
+}
+
+/// Every file under `root`, keys relative to it.
+pub fn file_objects(root: &Path) -> Vec<Object> {
+    fn walk(dir: &Path, root: &Path, out: &mut Vec<Object>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, root, out);
+            } else {
+                out.push(Object {
+                    key: p.strip_prefix(root).unwrap().to_string_lossy().into_owned(),
+                    body: std::fs::read_to_string(&p).unwrap(),
+                    content_type: None,
+                });
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    out
+}
+
+/// The archive's changes, checked against the output contract:
+/// - keys are `[prefix/]YYYY/MM/DD/<pipeline>-<first>-<last>.ndjson` and the
+///   lines of each object carry exactly seqs first..=last, in order;
+/// - every line validates against schemas/change.schema.json, with the
+///   contract's field order;
+/// - seqs over all objects are 1..=N, each in exactly one object, and
+///   commit_lsn never goes back as seq grows.
+pub fn checked_changes(objects: &[Object], prefix: Option<&str>, pipeline: &str) -> Vec<Value> {
+    let schema: Value =
+        serde_json::from_str(include_str!("../../schemas/change.schema.json")).unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let key_re = format!(
+        "^{}[0-9]{{4}}/[0-9]{{2}}/[0-9]{{2}}/{pipeline}-([0-9]+)-([0-9]+)\\.ndjson$",
+        prefix.map(|p| format!("{p}/")).unwrap_or_default()
+    );
+    let key_re = regex_lite::Regex::new(&key_re).unwrap();
+    let mut by_seq: BTreeMap<u64, Value> = BTreeMap::new();
+    for obj in objects.iter().filter(|o| o.key.ends_with(".ndjson")) {
+        let caps = key_re
+            .captures(&obj.key)
+            .unwrap_or_else(|| panic!("key {} does not follow the layout {key_re}", obj.key));
+        let first: u64 = caps[1].parse().unwrap();
+        let last: u64 = caps[2].parse().unwrap();
+        assert!(
+            obj.body.ends_with('\n'),
+            "{} does not end with a newline",
+            obj.key
+        );
+        let lines: Vec<&str> = obj.body.lines().collect();
+        assert_eq!(
+            lines.len() as u64,
+            last - first + 1,
+            "line count of {}",
+            obj.key
+        );
+        for (i, line) in lines.iter().enumerate() {
+            let v: Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: {e}: {line}", obj.key));
+            if let Err(e) = validator.validate(&v) {
+                panic!("{} line {i} violates the schema: {e}\n{line}", obj.key);
+            }
+            let order: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+            assert!(
+                line.starts_with("{\"op\":") && order.len() == 7,
+                "field order/number in {line}"
+            );
+            let seq = v["seq"].as_u64().unwrap();
+            assert_eq!(seq, first + i as u64, "seq order in {}", obj.key);
+            assert!(
+                by_seq.insert(seq, v).is_none(),
+                "seq {seq} is in two objects"
+            );
+        }
+    }
+    let changes: Vec<Value> = by_seq.into_values().collect();
+    for (i, c) in changes.iter().enumerate() {
+        assert_eq!(
+            c["seq"].as_u64().unwrap(),
+            i as u64 + 1,
+            "seqs must be 1..=N without gaps"
+        );
+    }
+    let lsn = |v: &Value| {
+        let (hi, lo) = v["commit_lsn"].as_str().unwrap().split_once('/').unwrap();
+        (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
+    };
+    for w in changes.windows(2) {
+        assert!(
+            lsn(&w[0]) <= lsn(&w[1]),
+            "commit order broken between {} and {}",
+            w[0],
+            w[1]
+        );
+    }
+    changes
+}
+
+/// Replays changes (latest by seq per table and id; deletes remove the row).
+pub fn replay(changes: &[Value]) -> BTreeMap<String, BTreeMap<String, Value>> {
+    let mut tables: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
+    for c in changes {
+        let t = tables
+            .entry(c["table"].as_str().unwrap().to_string())
+            .or_default();
+        match c["op"].as_str().unwrap() {
+            "insert" | "update" | "read" => {
+                if let Some(old) = c["old"].as_object() {
+                    t.remove(&old["id"].to_string());
+                }
+                t.insert(c["data"]["id"].to_string(), c["data"].clone());
+            }
+            "delete" => {
+                t.remove(&c["old"]["id"].to_string());
+            }
+            "truncate" => t.clear(),
+            op => panic!("unknown op {op}"),
+        }
+    }
+    tables
+}
+
+/// Polls until `check` returns true, or fails with `what`.
+pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
