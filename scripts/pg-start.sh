@@ -7,7 +7,7 @@
 #   PG_PORT       TCP port                   (default 55440)
 #   PG_WAL_LEVEL  logical | replica          (default logical; replica is for check tests)
 #   PG_BIN        server binaries            (default: newest /usr/lib/postgresql/*/bin)
-#   PG_KEEP=1     reuse a running instance (and its data) instead of starting afresh
+#   PG_KEEP=1     keep an existing instance's data (start it if stopped) instead of starting afresh
 set -euo pipefail
 PG_ROOT=${PG_ROOT:-${TMPDIR:-/tmp}/waltail-pg}
 PG_PORT=${PG_PORT:-55440}
@@ -18,9 +18,13 @@ if [ -z "$PG_BIN" ] || [ ! -x "$PG_BIN/initdb" ]; then
   exit 1
 fi
 if [ "$(id -u)" = 0 ]; then as_pg() { runuser -u postgres -- "$@"; }; else as_pg() { "$@"; }; fi
+mkdir -p "$(dirname "$PG_ROOT")"; PG_ROOT=$(cd "$(dirname "$PG_ROOT")" && pwd)/$(basename "$PG_ROOT")
+cd /   # the postgres user may not be allowed into the caller's folder
 
-if [ "${PG_KEEP:-0}" = 1 ] && [ -f "$PG_ROOT/data/postmaster.pid" ] \
-   && as_pg "$PG_BIN/pg_ctl" -D "$PG_ROOT/data" status >/dev/null 2>&1; then
+if [ "${PG_KEEP:-0}" = 1 ] && [ -f "$PG_ROOT/data/PG_VERSION" ]; then
+  if ! as_pg "$PG_BIN/pg_ctl" -D "$PG_ROOT/data" status >/dev/null 2>&1; then
+    as_pg "$PG_BIN/pg_ctl" -D "$PG_ROOT/data" -l "$PG_ROOT/server.log" -w start >/dev/null
+  fi
   echo "postgres://postgres@127.0.0.1:$PG_PORT/postgres"
   exit 0
 fi
