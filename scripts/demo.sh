@@ -10,7 +10,10 @@ cd "$(dirname "$0")/.."
 PG_ROOT=${PG_ROOT:-${TMPDIR:-/tmp}/waltail-demo-pg}
 PG_PORT=${PG_PORT:-55450}
 PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
-url=$(PG_ROOT=$PG_ROOT PG_PORT=$PG_PORT PG_KEEP=1 scripts/pg-start.sh)
+# Keep the demo database only while this folder's state matches it; otherwise
+# (first run, or a fresh clone) start from an empty database.
+keep=0; [ -f waltail-state/demo.sqlite ] && keep=1
+url=$(PG_ROOT=$PG_ROOT PG_PORT=$PG_PORT PG_KEEP=$keep scripts/pg-start.sh)
 trap 'PG_ROOT=$PG_ROOT scripts/pg-stop.sh' EXIT
 psql() { "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 "$url" "$@"; }
 psql -c "CREATE TABLE IF NOT EXISTS public.orders (
