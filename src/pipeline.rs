@@ -46,6 +46,9 @@ const EVENT_CHANNEL: usize = 4096;
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);
 /// How often the confirmed position is persisted and sent while changes flow.
 const CONFIRM_INTERVAL: Duration = Duration::from_millis(100);
+/// Archived objects are logged one by one when they are at least this far
+/// apart, else summarised, so a busy pipeline logs a line per interval.
+const LOG_EVERY: Duration = Duration::from_secs(2);
 /// Reconnect waits: from 1 s doubling to 30 s.
 const RECONNECT_MIN: Duration = Duration::from_secs(1);
 const RECONNECT_MAX: Duration = Duration::from_secs(30);
