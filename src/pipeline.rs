@@ -503,7 +503,7 @@ impl Pipeline<'_> {
         s.last_key = d.key;
         tracing::debug!(key = %s.last_key, changes = n, "archived");
         if s.logged
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+            .is_none_or(|t| t.elapsed() >= LOG_EVERY)
         {
             tracing::info!(
                 changes = s.since_log,
