@@ -502,9 +502,7 @@ impl Pipeline<'_> {
         s.since_log += n;
         s.last_key = d.key;
         tracing::debug!(key = %s.last_key, changes = n, "archived");
-        if s.logged
-            .is_none_or(|t| t.elapsed() >= LOG_EVERY)
-        {
+        if s.logged.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
             tracing::info!(
                 changes = s.since_log,
                 total_changes = s.changes,
