@@ -7,6 +7,9 @@
 
 #![allow(dead_code)]
 
+pub mod pg;
+pub mod proxy;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -1,0 +1,163 @@
+//! A dedicated, throwaway PostgreSQL per test, for tests that restart or stop
+//! the server (the shared one at WT_TEST_PG must never be restarted).
+//!
+//! `DedicatedPg::start()` runs scripts/pg-start.sh with its own PG_ROOT under
+//! the temp folder and a free port; dropping it stops the server
+//! (scripts/pg-stop.sh) and removes the folder. The methods block (a few
+//! seconds at most), which is fine from #[tokio::test] too.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub struct DedicatedPg {
+    root: PathBuf,
+    port: u16,
+    url: String,
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts")
+        .join(name)
+}
+
+/// PG_BIN, else the newest /usr/lib/postgresql/<version>/bin (as the scripts do).
+fn pg_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("PG_BIN") {
+        return bin.into();
+    }
+    let version = |p: &Path| -> Vec<u32> {
+        let name = p.file_name().unwrap_or_default().to_string_lossy();
+        name.split('.').map(|s| s.parse().unwrap_or(0)).collect()
+    };
+    std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL server binaries not found under /usr/lib/postgresql: set PG_BIN")
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .filter(|bin| bin.join("initdb").exists())
+        .max_by_key(|bin| version(bin.parent().unwrap()))
+        .expect("PostgreSQL server binaries not found under /usr/lib/postgresql: set PG_BIN")
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+fn check(what: &str, out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+impl DedicatedPg {
+    /// A fresh server with wal_level=logical; retried on another port if the
+    /// chosen one was taken in the meantime.
+    pub fn start() -> DedicatedPg {
+        let root = std::env::temp_dir().join(format!(
+            "waltail-dpg-{}-{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
+        ));
+        let mut last = None;
+        for _ in 0..3 {
+            let port = free_port();
+            let out = Command::new(script("pg-start.sh"))
+                .env("PG_ROOT", &root)
+                .env("PG_PORT", port.to_string())
+                .env_remove("PG_KEEP")
+                .env_remove("PG_WAL_LEVEL")
+                .output()
+                .unwrap();
+            if out.status.success() {
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                let url = stdout
+                    .lines()
+                    .rfind(|l| l.starts_with("postgres://"))
+                    .unwrap_or_else(|| panic!("pg-start.sh printed no URL:\n{stdout}"))
+                    .to_string();
+                return DedicatedPg { root, port, url };
+            }
+            last = Some(out);
+        }
+        let out = last.unwrap();
+        let log = std::fs::read_to_string(root.join("server.log")).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&root);
+        panic!(
+            "pg-start.sh failed ({}):\n{}\nserver.log:\n{log}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres` (trust auth).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The PG_ROOT folder: data/, server.log, the unix socket.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `pg_ctl <args>` on this server's data folder, as the postgres OS user
+    /// when running as root (Postgres refuses to run as root).
+    fn pg_ctl(&self, args: &[&str]) -> Output {
+        let pg_ctl = pg_bin().join("pg_ctl");
+        let is_root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+        let mut cmd = if is_root {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(pg_ctl);
+            c
+        } else {
+            Command::new(pg_ctl)
+        };
+        // -l always: without it the server would inherit our stdout pipe.
+        cmd.arg("-D")
+            .arg(self.root.join("data"))
+            .arg("-l")
+            .arg(self.root.join("server.log"))
+            .args(args)
+            .current_dir("/")
+            .output()
+            .unwrap()
+    }
+
+    /// Fast restart (open connections are terminated); returns when it accepts
+    /// connections again.
+    pub fn restart(&self) {
+        check(
+            "pg_ctl restart",
+            self.pg_ctl(&["-m", "fast", "-w", "restart"]),
+        );
+    }
+
+    /// Fast stop; returns when the server is down.
+    pub fn stop(&self) {
+        check("pg_ctl stop", self.pg_ctl(&["-m", "fast", "-w", "stop"]));
+    }
+
+    /// Starts the server again after `stop`, with its data.
+    pub fn start_again(&self) {
+        check("pg_ctl start", self.pg_ctl(&["-w", "start"]));
+    }
+}
+
+impl Drop for DedicatedPg {
+    fn drop(&mut self) {
+        let _ = Command::new(script("pg-stop.sh"))
+            .env("PG_ROOT", &self.root)
+            .output();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}

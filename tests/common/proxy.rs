@@ -1,0 +1,215 @@
+//! A fault-injecting TCP proxy for tests (a small stand-in for toxiproxy).
+//!
+//! `Proxy::start(target)` listens on 127.0.0.1 (any free port) and forwards
+//! each accepted connection to `target`. `set_mode` changes its behaviour at
+//! run time, for open and new connections alike (see [`Mode`]).
+//!
+//! The proxy runs on its own OS thread with its own tokio runtime, so it keeps
+//! serving while the test's runtime is blocked in std code. Dropping the proxy
+//! stops it: the thread is joined and every socket is closed.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, watch};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Forward both ways.
+    Pass,
+    /// Reset (RST) every open connection now, and new ones right after accept.
+    Reset,
+    /// Keep connections open but forward nothing; bytes read are discarded.
+    /// A connection that lost bytes this way stays dead after the mode
+    /// changes (its stream is corrupt); new connections work again.
+    Blackhole,
+    /// Forward, holding each chunk this long (one at a time, per connection;
+    /// a switch to Reset takes effect once the chunk in hand is sent).
+    Delay(Duration),
+    /// Forward the request, pass at most this many bytes of the server's
+    /// response (per connection), then close the connection.
+    CutResponse(usize),
+}
+
+pub struct Proxy {
+    addr: SocketAddr,
+    mode: watch::Sender<Mode>,
+    connections: Arc<AtomicUsize>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Starts a proxy to `target` in `Mode::Pass`.
+    pub fn start(target: SocketAddr) -> Proxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (mode, mode_rx) = watch::channel(Mode::Pass);
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (stop, stop_rx) = oneshot::channel();
+        let count = connections.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("proxy-{addr}"))
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(accept_loop(listener, target, mode_rx, count, stop_rx));
+                // Dropping the runtime drops every connection task and its sockets.
+            })
+            .unwrap();
+        Proxy {
+            addr,
+            mode,
+            connections,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`, for HTTP clients.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn set_mode(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+
+    pub fn mode(&self) -> Mode {
+        *self.mode.borrow()
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: std::net::TcpListener,
+    target: SocketAddr,
+    mode: watch::Receiver<Mode>,
+    count: Arc<AtomicUsize>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let listener = TcpListener::from_std(listener).unwrap();
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            accepted = listener.accept() => {
+                let Ok((client, _)) = accepted else { continue };
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(serve(client, target, mode.clone()));
+            }
+        }
+    }
+}
+
+/// Closes a connection with RST (SO_LINGER 0) rather than FIN.
+fn reset(rd: OwnedReadHalf, wr: OwnedWriteHalf) {
+    if let Ok(stream) = rd.reunite(wr) {
+        let _ = stream.set_zero_linger();
+    }
+}
+
+async fn serve(client: TcpStream, target: SocketAddr, mut mode: watch::Receiver<Mode>) {
+    if *mode.borrow_and_update() == Mode::Reset {
+        let _ = client.set_zero_linger();
+        return;
+    }
+    let Ok(server) = TcpStream::connect(target).await else {
+        let _ = client.set_zero_linger();
+        return;
+    };
+    let _ = (client.set_nodelay(true), server.set_nodelay(true));
+    let (mut c_rd, mut c_wr) = client.into_split();
+    let (mut s_rd, mut s_wr) = server.into_split();
+    let (mut c_buf, mut s_buf) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    let (mut c_open, mut s_open) = (true, true); // still reading from that side
+    let mut dead = false; // lost bytes to Blackhole: forwards nothing ever again
+    let mut cut = 0; // response bytes passed under CutResponse
+    while c_open || s_open {
+        let (up, read) = tokio::select! {
+            r = c_rd.read(&mut c_buf), if c_open => (true, r),
+            r = s_rd.read(&mut s_buf), if s_open => (false, r),
+            changed = mode.changed() => {
+                if changed.is_err() || *mode.borrow_and_update() == Mode::Reset {
+                    reset(c_rd, c_wr);
+                    reset(s_rd, s_wr);
+                    return;
+                }
+                continue;
+            }
+        };
+        let Ok(n) = read else { break }; // a reset on either side ends both
+        let current = *mode.borrow();
+        let (data, out) = if up {
+            (&c_buf[..n], &mut s_wr)
+        } else {
+            (&s_buf[..n], &mut c_wr)
+        };
+        if n == 0 {
+            // EOF: pass the half-close on, unless the link is down.
+            *(if up { &mut c_open } else { &mut s_open }) = false;
+            if !dead && current != Mode::Blackhole {
+                let _ = out.shutdown().await;
+            }
+            continue;
+        }
+        let data = match current {
+            Mode::Reset => {
+                reset(c_rd, c_wr);
+                reset(s_rd, s_wr);
+                return;
+            }
+            Mode::Blackhole => {
+                dead = true;
+                continue;
+            }
+            _ if dead => continue,
+            Mode::Pass => data,
+            Mode::Delay(d) => {
+                tokio::time::sleep(d).await;
+                data
+            }
+            Mode::CutResponse(_) if up => data,
+            Mode::CutResponse(limit) => {
+                let take = n.min(limit.saturating_sub(cut));
+                cut += take;
+                if out.write_all(&data[..take]).await.is_err() || cut >= limit {
+                    let _ = out.shutdown().await;
+                    return;
+                }
+                continue;
+            }
+        };
+        if out.write_all(data).await.is_err() {
+            break;
+        }
+    }
+}
