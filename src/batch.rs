@@ -15,7 +15,9 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::checkpoint::Intent;
-use crate::envelope::{self, Change};
+use std::sync::Arc;
+
+use crate::envelope::{self, Change, TableRef};
 
 /// A batch ready for delivery: one object's worth of envelope lines.
 #[derive(Debug, Clone)]
@@ -28,11 +30,27 @@ pub struct Batch {
     pub body: Vec<u8>,
     /// Hashes of the rows in the batch (see [`Change::rows`]).
     pub rows: HashSet<u64>,
-    /// The intent is already in the local state (a re-formed batch).
+    /// The tables the batch touches (for `parked list`).
+    pub tables: Vec<Arc<TableRef>>,
+    /// The intent is already in the local state (a re-formed or parked batch).
     pub recorded: bool,
+    /// The object key (set when the batch is queued for delivery).
+    pub key: String,
+    /// The batch comes from the parked table (a replay or a released held
+    /// batch): once written, it is removed from there.
+    pub from_parked: bool,
 }
 
 impl Batch {
+    /// The tables, comma-separated, for messages.
+    pub fn table_names(&self) -> String {
+        self.tables
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// How many changes the batch holds.
     pub fn changes(&self) -> u64 {
         self.last_seq - self.first_seq + 1
@@ -121,8 +139,14 @@ impl Batcher {
             commit_ts: change.commit_ts,
             body: Vec::with_capacity(self.batch_size.min(10_000) * 256),
             rows: HashSet::new(),
+            tables: Vec::new(),
             recorded: false,
+            key: String::new(),
+            from_parked: false,
         });
+        if !batch.tables.iter().any(|t| Arc::ptr_eq(t, &change.table)) {
+            batch.tables.push(change.table.clone());
+        }
         batch.last_seq = seq;
         batch.rows.extend(change.rows.as_slice().iter().copied());
         envelope::write_line(&mut batch.body, &self.namespace, change, seq);
@@ -170,8 +194,6 @@ impl Batcher {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::envelope::{Op, RowSet, TableRef};
 

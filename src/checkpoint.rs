@@ -12,6 +12,11 @@
 //!   marked done after it. After a crash the same seqs are re-formed into
 //!   exactly the same batch (same key, same bytes), so no seq range is ever
 //!   written as two different objects.
+//! - parked and held batches, with their bytes: a batch that failed every
+//!   attempt is *parked* with its last error; a later batch touching one of
+//!   its rows is *held* behind it. Both count as durable for confirmation.
+//!   `waltail parked replay` delivers a parked batch under the same key and
+//!   releases the held ones in seq order.
 
 use std::path::{Path, PathBuf};
 
@@ -63,7 +68,91 @@ CREATE TABLE IF NOT EXISTS intents (
     last_seq  INTEGER NOT NULL,
     done      INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS parked (
+    first_seq  INTEGER PRIMARY KEY,
+    last_seq   INTEGER NOT NULL,
+    key        TEXT NOT NULL,
+    body       BLOB NOT NULL,
+    rows       BLOB NOT NULL,
+    tables     TEXT NOT NULL,
+    status     TEXT NOT NULL CHECK (status IN ('parked', 'held', 'replay')),
+    attempts   INTEGER NOT NULL,
+    last_error TEXT,
+    parked_at  TEXT NOT NULL
+);
 ";
+
+/// Where a parked-table batch stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParkStatus {
+    /// Failed every attempt; waits for `waltail parked replay`.
+    Parked,
+    /// Touches a row of a parked batch; released after it, in seq order.
+    Held,
+    /// An operator asked for a replay; the running pipeline delivers it.
+    Replay,
+}
+
+impl ParkStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ParkStatus::Parked => "parked",
+            ParkStatus::Held => "held",
+            ParkStatus::Replay => "replay",
+        }
+    }
+
+    fn parse(s: &str) -> ParkStatus {
+        match s {
+            "held" => ParkStatus::Held,
+            "replay" => ParkStatus::Replay,
+            _ => ParkStatus::Parked,
+        }
+    }
+}
+
+/// A parked or held batch as stored.
+#[derive(Debug, Clone)]
+pub struct Parked {
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub key: String,
+    pub body: Vec<u8>,
+    pub rows: Vec<u64>,
+    pub tables: String,
+    pub status: ParkStatus,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub parked_at: String,
+}
+
+fn rows_to_blob(rows: &[u64]) -> Vec<u8> {
+    rows.iter().flat_map(|r| r.to_le_bytes()).collect()
+}
+
+fn rows_from_blob(blob: &[u8]) -> Vec<u64> {
+    blob.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect()
+}
+
+const PARKED_COLUMNS: &str =
+    "first_seq, last_seq, key, body, rows, tables, status, attempts, last_error, parked_at";
+
+fn parked_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Parked> {
+    Ok(Parked {
+        first_seq: r.get::<_, i64>(0)? as u64,
+        last_seq: r.get::<_, i64>(1)? as u64,
+        key: r.get(2)?,
+        body: r.get(3)?,
+        rows: rows_from_blob(&r.get::<_, Vec<u8>>(4)?),
+        tables: r.get(5)?,
+        status: ParkStatus::parse(&r.get::<_, String>(6)?),
+        attempts: r.get::<_, i64>(7)? as u32,
+        last_error: r.get(8)?,
+        parked_at: r.get(9)?,
+    })
+}
 
 impl Checkpoint {
     /// Opens (or creates) the state file, and its folder with mode 0700.
@@ -199,6 +288,121 @@ impl Checkpoint {
     }
 }
 
+impl Checkpoint {
+    /// Stores a batch as parked or held and marks its intent done (it is
+    /// durable here; restarts skip its seqs), in one transaction.
+    pub fn park(&mut self, p: &Parked) -> Result<()> {
+        let path = self.path.display().to_string();
+        let err = |source| Error::State {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(err)?;
+        tx.execute(
+            &format!(
+                "INSERT INTO parked ({PARKED_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 ON CONFLICT (first_seq) DO UPDATE SET status = excluded.status,
+                     attempts = excluded.attempts, last_error = excluded.last_error,
+                     parked_at = excluded.parked_at"
+            ),
+            params![
+                p.first_seq as i64,
+                p.last_seq as i64,
+                p.key,
+                p.body,
+                rows_to_blob(&p.rows),
+                p.tables,
+                p.status.as_str(),
+                p.attempts as i64,
+                p.last_error,
+                p.parked_at
+            ],
+        )
+        .map_err(err)?;
+        tx.execute(
+            "UPDATE intents SET done = 1 WHERE first_seq = ?1",
+            [p.first_seq as i64],
+        )
+        .map_err(err)?;
+        tx.commit().map_err(err)
+    }
+
+    /// Every parked, held or replay-requested batch, in seq order.
+    pub fn parked(&self) -> Result<Vec<Parked>> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {PARKED_COLUMNS} FROM parked ORDER BY first_seq"
+            ))
+            .map_err(self.err())?;
+        let rows = stmt.query_map([], parked_row).map_err(self.err())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.err())
+    }
+
+    /// Forgets a parked or held batch once it is written.
+    pub fn unpark(&mut self, first_seq: u64) -> Result<()> {
+        self.conn
+            .execute(
+                "DELETE FROM parked WHERE first_seq = ?1",
+                [first_seq as i64],
+            )
+            .map(|_| ())
+            .map_err(self.err())
+    }
+
+    /// Asks the running pipeline to replay parked batches (`None`: all of
+    /// them). Returns how many were marked.
+    pub fn request_replay(&mut self, first_seq: Option<u64>) -> Result<usize> {
+        let n = match first_seq {
+            Some(id) => self.conn.execute(
+                "UPDATE parked SET status = 'replay' WHERE first_seq = ?1 AND status = 'parked'",
+                [id as i64],
+            ),
+            None => self.conn.execute(
+                "UPDATE parked SET status = 'replay' WHERE status = 'parked'",
+                [],
+            ),
+        };
+        n.map_err(self.err())
+    }
+
+    /// A number that changes whenever another connection (e.g. `waltail
+    /// parked replay`) has committed to this database: cheap to poll.
+    pub fn data_version(&self) -> Result<i64> {
+        self.conn
+            .query_row("PRAGMA data_version", [], |r| r.get(0))
+            .map_err(self.err())
+    }
+}
+
+/// The batches of `parked` (seq order) that may be delivered now: replay
+/// requests, and held batches none of whose rows belongs to a batch still
+/// parked or being replayed, or to an earlier held batch that must still
+/// wait. Per-row order is kept because a held batch leaves only when every
+/// earlier batch on its rows is written.
+pub fn releasable(parked: &[Parked]) -> Vec<u64> {
+    let mut blocked: std::collections::HashSet<u64> = parked
+        .iter()
+        .filter(|p| p.status != ParkStatus::Held)
+        .flat_map(|p| p.rows.iter().copied())
+        .collect();
+    let mut out = Vec::new();
+    for p in parked {
+        match p.status {
+            ParkStatus::Parked => {}
+            ParkStatus::Replay => out.push(p.first_seq),
+            ParkStatus::Held => {
+                if p.rows.iter().any(|r| blocked.contains(r)) {
+                    blocked.extend(p.rows.iter().copied());
+                } else {
+                    out.push(p.first_seq);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Creates the state folder readable by its owner only: it tells where the
 /// pipeline stands, and later holds parked changes.
 fn create_private_dir(dir: &Path) -> Result<()> {
@@ -265,6 +469,50 @@ mod tests {
                 }
             ]
         );
+    }
+
+    fn parked(first_seq: u64, rows: &[u64], status: ParkStatus) -> Parked {
+        Parked {
+            first_seq,
+            last_seq: first_seq + 9,
+            key: format!("k{first_seq}"),
+            body: b"{}\n".to_vec(),
+            rows: rows.to_vec(),
+            tables: "public.t".into(),
+            status,
+            attempts: 5,
+            last_error: Some("boom".into()),
+            parked_at: "2026-01-01T00:00:00Z".into(),
+        }
+    }
+
+    #[test]
+    fn parked_batches_round_trip_and_mark_their_intent_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cp = Checkpoint::open(&dir.path().join("p.sqlite")).unwrap();
+        cp.record_intent(1, 10).unwrap();
+        cp.park(&parked(1, &[7, 8], ParkStatus::Parked)).unwrap();
+        assert!(cp.open_intents(1).unwrap()[0].done);
+        let got = cp.parked().unwrap();
+        assert_eq!(got[0].rows, vec![7, 8]);
+        assert_eq!(got[0].last_error.as_deref(), Some("boom"));
+        assert_eq!(cp.request_replay(None).unwrap(), 1);
+        assert_eq!(cp.parked().unwrap()[0].status, ParkStatus::Replay);
+        cp.unpark(1).unwrap();
+        assert!(cp.parked().unwrap().is_empty());
+    }
+
+    #[test]
+    fn held_batches_leave_only_when_nothing_before_them_on_their_rows_waits() {
+        let all = vec![
+            parked(1, &[1], ParkStatus::Parked),
+            parked(11, &[2], ParkStatus::Replay),
+            parked(21, &[1, 3], ParkStatus::Held), // behind parked row 1
+            parked(31, &[3], ParkStatus::Held),    // behind the held batch on row 3
+            parked(41, &[2], ParkStatus::Held),    // behind a batch being replayed: waits for it
+            parked(51, &[4], ParkStatus::Held),
+        ];
+        assert_eq!(releasable(&all), vec![11, 51]);
     }
 
     #[test]

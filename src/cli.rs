@@ -48,6 +48,25 @@ pub enum Command {
         #[arg(long)]
         recreate_slot: bool,
     },
+    /// Batches that failed every attempt, and the batches held behind them
+    #[command(subcommand)]
+    Parked(ParkedCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ParkedCommand {
+    /// List parked and held batches with their last error
+    List,
+    /// Deliver a parked batch again under the same key, then the batches held
+    /// behind it, in order (through the running pipeline if there is one)
+    Replay {
+        /// The batch id (its first seq, as `parked list` shows)
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<u64>,
+        /// Replay every parked batch
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 /// Exit codes: 0 success, 1 a check or the pipeline failed, 2 bad configuration.
@@ -75,6 +94,10 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Check => check(&config).await,
             Command::Run { recreate_slot } => run(&config, RunOptions { recreate_slot }).await,
+            Command::Parked(ParkedCommand::List) => crate::delivery::parking::list(&config),
+            Command::Parked(ParkedCommand::Replay { id, all: _ }) => {
+                crate::delivery::parking::replay(&config, id).await
+            }
         }
     });
     match result {
@@ -130,7 +153,7 @@ async fn check(config: &Config) -> Result<ExitCode> {
 
 async fn destination_check(config: &Config) -> Finding {
     let result: Result<String> = async {
-        let sink = Sink::new(&config.destination)?;
+        let sink = Sink::new(&config.destination, config.delivery.request_timeout)?;
         sink.check(&config.pipeline).await
     }
     .await;

@@ -33,6 +33,10 @@ pub const DEFAULT_BACKOFF: [Duration; 4] = [
     Duration::from_secs(120),
     Duration::from_secs(240),
 ];
+/// A PUT that has not answered in this long is abandoned and counts as a
+/// failed attempt: long enough for a 100 MB object on a slow link, short
+/// enough that a hung connection does not stall a batch for minutes.
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 30_000;
 /// Where the archive goes when no `[destination]` is configured.
 pub const DEFAULT_ARCHIVE_DIR: &str = "./waltail-archive";
 pub const DEFAULT_STATE_DIR: &str = "./waltail-state";
@@ -167,6 +171,7 @@ pub struct DeliveryConfig {
     pub max_in_flight: usize,
     pub max_attempts: u32,
     pub backoff: Vec<Duration>,
+    pub request_timeout: Duration,
 }
 
 impl Default for DeliveryConfig {
@@ -178,6 +183,7 @@ impl Default for DeliveryConfig {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff: DEFAULT_BACKOFF.to_vec(),
+            request_timeout: Duration::from_millis(DEFAULT_REQUEST_TIMEOUT_MS),
         }
     }
 }
@@ -227,6 +233,7 @@ struct RawDelivery {
     max_in_flight: Option<i64>,
     max_attempts: Option<i64>,
     backoff: Option<Vec<String>>,
+    request_timeout_ms: Option<i64>,
 }
 
 /// How an environment override's text becomes a TOML value.
@@ -263,6 +270,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("delivery", "max_in_flight", Kind::Int),
     ("delivery", "max_attempts", Kind::Int),
     ("delivery", "backoff", Kind::List),
+    ("delivery", "request_timeout_ms", Kind::Int),
 ];
 
 /// `WALTAIL_*` variables that are not configuration keys.
@@ -531,6 +539,12 @@ fn validate(raw: RawConfig) -> Result<Config> {
                     1000,
                 )? as u32,
                 backoff,
+                request_timeout: Duration::from_millis(positive(
+                    "delivery.request_timeout_ms",
+                    d.request_timeout_ms,
+                    DEFAULT_REQUEST_TIMEOUT_MS as i64,
+                    3_600_000,
+                )? as u64),
             }
         }
     };

@@ -73,6 +73,8 @@ pub enum Error {
 pub enum Disposition {
     /// Try the same request again after the backoff.
     Retry,
+    /// This batch cannot be written as it is; park it, the rest flows on.
+    Park,
     /// Nothing a retry can fix for the whole pipeline: stop and say why.
     Stop,
 }
@@ -133,6 +135,9 @@ impl Error {
                 | object_store::Error::NotSupported { .. }
                 | object_store::Error::UnknownConfigurationKey { .. } => Disposition::Stop,
                 object_store::Error::NotFound { .. } => Disposition::Stop,
+                // A 4xx other than auth/not-found (e.g. 400 EntityTooLarge) is
+                // about this request, not the store.
+                other if client_error(other) => Disposition::Park,
                 _ => Disposition::Retry,
             },
             Error::Replication { source, .. } => match source.as_ref() {
@@ -181,6 +186,16 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// A 4xx answer other than 408 (timeout) and 429 (throttling).
+fn client_error(err: &object_store::Error) -> bool {
+    let text = err.to_string();
+    text.split("status code: ")
+        .nth(1)
+        .and_then(|s| s.get(..3))
+        .and_then(|code| code.parse::<u16>().ok())
+        .is_some_and(|code| (400..500).contains(&code) && code != 408 && code != 429)
 }
 
 /// A one-line account of a store error: the HTTP status and the S3 error

@@ -18,7 +18,7 @@
 //! - session loss (Postgres restart, network): the session ends, the batches
 //!   in hand are written, and a new session resumes from the persisted cursor.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,12 +26,12 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::batch::{Batch, Batcher, Cut};
-use crate::checkpoint::{Checkpoint, Cursor};
+use crate::checkpoint::{self, Checkpoint, Cursor, ParkStatus, Parked};
 use crate::config::{Config, quote_ident};
-use crate::delivery::{Delivered, Delivery, RetryPolicy, Wait};
+use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
 use crate::envelope;
 use crate::error::Disposition;
-use crate::sink::Sink;
+use crate::sink::{Sink, layout};
 use crate::source::pgoutput::format_lsn;
 use crate::source::replication::{FeedbackSender, ReplicationConnection};
 use crate::source::stream::{self, Decoder, SourceEvent};
@@ -46,6 +46,8 @@ const EVENT_CHANNEL: usize = 4096;
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);
 /// How often the confirmed position is persisted and sent while changes flow.
 const CONFIRM_INTERVAL: Duration = Duration::from_millis(100);
+/// How often the state is checked for replay requests from `waltail parked replay`.
+const REPLAY_POLL: Duration = Duration::from_millis(500);
 /// Archived objects are logged one by one when they are at least this far
 /// apart, else summarised, so a busy pipeline logs a line per interval.
 const LOG_EVERY: Duration = Duration::from_secs(2);
@@ -69,7 +71,17 @@ const META_SLOT: &str = "slot";
 /// Streams until asked to stop (Ok) or until an error no retry can fix.
 pub async fn run(config: &Config, opts: &RunOptions, mut shutdown: Shutdown) -> Result<()> {
     let mut checkpoint = Checkpoint::open(&config.state_file())?;
-    let sink = Sink::new(&config.destination)?;
+    let _lock = lock_pipeline(config)?.ok_or_else(|| {
+        Error::fatal(
+            format!(
+                "pipeline {} is already running (its state {} is locked)",
+                config.pipeline,
+                config.state_file().display()
+            ),
+            "stop the other `waltail run` of this pipeline first; one pipeline has one reader",
+        )
+    })?;
+    let sink = Sink::new(&config.destination, config.delivery.request_timeout)?;
     let mut wait = RECONNECT_MIN;
     let mut set_up = false;
     loop {
@@ -96,6 +108,26 @@ pub async fn run(config: &Config, opts: &RunOptions, mut shutdown: Shutdown) -> 
                 wait = (wait * 2).min(RECONNECT_MAX);
             }
             Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Takes the pipeline's lock file (`<state_dir>/<pipeline>.lock`), held while
+/// `run` runs: `None` when another process holds it. `parked replay` uses it
+/// to know whether to deliver itself or ask the running pipeline.
+pub fn lock_pipeline(config: &Config) -> Result<Option<std::fs::File>> {
+    let path = config.state_dir.join(format!("{}.lock", config.pipeline));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(Error::io(format!("cannot lock {}", path.display()), e))
         }
     }
 }
@@ -189,7 +221,6 @@ async fn session(
 
     let delivery = Delivery::new(
         sink.clone(),
-        &config.pipeline,
         RetryPolicy {
             max_attempts: config.delivery.max_attempts,
             backoff: config.delivery.backoff.clone(),
@@ -204,8 +235,29 @@ async fn session(
         namespace,
         intents,
     );
+    let parked = checkpoint.parked()?;
+    if !parked.is_empty() {
+        tracing::warn!(
+            batches = parked
+                .iter()
+                .filter(|p| p.status != ParkStatus::Held)
+                .count(),
+            held = parked
+                .iter()
+                .filter(|p| p.status == ParkStatus::Held)
+                .count(),
+            "batches are parked; `waltail parked list` shows them, `waltail parked replay` delivers them"
+        );
+    }
+    let data_version = checkpoint.data_version()?;
     let mut pipeline = Pipeline {
         checkpoint,
+        pipeline: config.pipeline.clone(),
+        prefix: sink.prefix().map(str::to_string),
+        blocked: HashMap::new(),
+        released: VecDeque::new(),
+        releasing: HashSet::new(),
+        data_version,
         delivery,
         batcher,
         next_seq: cursor.next_seq,
@@ -219,6 +271,7 @@ async fn session(
         confirm: confirm_tx,
         stats: Stats::default(),
     };
+    pipeline.release()?;
     let ended = pipeline.run(rx, shutdown).await;
     let _ = stop_feedback.send(());
     let feedback_result = feedback_task.await;
@@ -321,8 +374,37 @@ struct Stats {
     since_log: u64,
 }
 
+impl Stats {
+    /// Logs what was archived since the last line, at most every [`LOG_EVERY`].
+    fn maybe_log(&mut self) {
+        if self.since_log > 0 && self.logged.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+            tracing::info!(
+                changes = self.since_log,
+                total_changes = self.changes,
+                total_objects = self.objects,
+                total_bytes = self.bytes,
+                last = %self.last_key,
+                "archived"
+            );
+            self.logged = Some(Instant::now());
+            self.since_log = 0;
+        }
+    }
+}
+
 struct Pipeline<'a> {
     checkpoint: &'a mut Checkpoint,
+    pipeline: String,
+    prefix: Option<String>,
+    /// Rows of parked and held batches (row hash -> batches holding it):
+    /// a new batch touching one is held behind them.
+    blocked: HashMap<u64, u32>,
+    /// Batches from the parked table cleared to leave, in seq order.
+    released: VecDeque<Batch>,
+    /// First seqs of the parked-table batches queued or in flight.
+    releasing: HashSet<u64>,
+    /// The state's data version when last checked for replay requests.
+    data_version: i64,
     delivery: Delivery,
     batcher: Batcher,
     /// The seq the next change gets.
@@ -350,11 +432,13 @@ impl Pipeline<'_> {
     ) -> Result<Ended> {
         let mut confirm_tick = tokio::time::interval(CONFIRM_INTERVAL);
         confirm_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut replay_tick = tokio::time::interval(REPLAY_POLL);
+        replay_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut stopping: Option<Ended> = None;
         let mut source_open = true;
         let mut shutdown_open = true;
         loop {
-            let rate_wait = self.dispatch();
+            let rate_wait = self.dispatch()?;
             if let Some(reason) = &stopping
                 && self.waiting.is_empty()
                 && self.delivery.is_idle()
@@ -384,12 +468,14 @@ impl Pipeline<'_> {
                     if stopping.is_none() {
                         tracing::info!("stopping: writing the batches in hand, then confirming");
                         stopping = Some(Ended::Shutdown);
+                        self.stop_releasing();
                         self.cut_partial()?;
                     }
                 }
                 Some(result) = self.delivery.next(), if !self.delivery.is_idle() => {
                     match result {
-                        Ok(d) => self.delivered(d),
+                        Ok(Outcome::Written { batch, bytes }) => self.written(batch, bytes)?,
+                        Ok(Outcome::Failed { batch, attempts, error }) => self.failed(batch, attempts, error)?,
                         Err(e) => {
                             self.persist()?;
                             return Err(e);
@@ -400,13 +486,24 @@ impl Pipeline<'_> {
                 _ = tokio::time::sleep_until(linger.unwrap_or_else(far_future)), if linger.is_some() && stopping.is_none() => {
                     self.cut_partial()?;
                 }
-                _ = confirm_tick.tick() => self.persist()?,
+                _ = confirm_tick.tick() => {
+                    self.persist()?;
+                    self.stats.maybe_log();
+                }
+                _ = replay_tick.tick(), if stopping.is_none() => {
+                    let version = self.checkpoint.data_version()?;
+                    if version != self.data_version {
+                        self.data_version = version;
+                        self.release()?;
+                    }
+                }
                 event = rx.recv(), if accepting => match event {
                     Some(event) => self.event(event)?,
                     None => {
                         source_open = false;
                         if stopping.is_none() {
                             stopping = Some(Ended::SourceClosed);
+                            self.stop_releasing();
                             self.cut_partial()?;
                         }
                     }
@@ -458,7 +555,14 @@ impl Pipeline<'_> {
     }
 
     /// Records the batch's intent (durably, before any PUT) and queues it.
-    fn enqueue(&mut self, batch: Batch) -> Result<()> {
+    fn enqueue(&mut self, mut batch: Batch) -> Result<()> {
+        batch.key = layout::batch_key(
+            self.prefix.as_deref(),
+            &self.pipeline,
+            batch.commit_ts,
+            batch.first_seq,
+            batch.last_seq,
+        );
         if !batch.recorded {
             self.checkpoint
                 .record_intent(batch.first_seq, batch.last_seq)?;
@@ -474,46 +578,156 @@ impl Pipeline<'_> {
         }
     }
 
-    /// Starts the waiting batches that may start; returns when the rate limit
-    /// next allows one, if that is what holds them.
-    fn dispatch(&mut self) -> Option<Instant> {
+    /// Starts the batches that may start: released parked batches first,
+    /// then new ones; a new batch touching a parked or held row is held
+    /// behind it instead. Returns when the rate limit next allows a batch,
+    /// if that is what holds them.
+    fn dispatch(&mut self) -> Result<Option<Instant>> {
+        while let Some(batch) = self.released.front() {
+            match self.delivery.can_start(batch) {
+                Ok(()) => {
+                    let batch = self.released.pop_front().expect("front exists");
+                    self.delivery.start(batch);
+                }
+                Err(Wait::Busy) => break,
+                Err(Wait::Until(t)) => return Ok(Some(t)),
+            }
+        }
         while let Some(batch) = self.waiting.front() {
+            if batch.rows.iter().any(|r| self.blocked.contains_key(r)) {
+                let batch = self.waiting.pop_front().expect("front exists");
+                self.hold(batch)?;
+                continue;
+            }
             match self.delivery.can_start(batch) {
                 Ok(()) => {
                     let batch = self.waiting.pop_front().expect("front exists");
                     self.delivery.start(batch);
                 }
-                Err(Wait::Busy) => return None,
-                Err(Wait::Until(t)) => return Some(t),
+                Err(Wait::Busy) => return Ok(None),
+                Err(Wait::Until(t)) => return Ok(Some(t)),
             }
         }
-        None
+        Ok(None)
     }
 
-    fn delivered(&mut self, d: Delivered) {
-        self.done.push(d.first_seq);
-        self.frontier.mark(d.first_seq, d.last_seq);
-        self.advance();
-        let n = d.last_seq - d.first_seq + 1;
+    /// Stores a batch in the parked table (durable: it counts as written for
+    /// confirmation) and blocks its rows.
+    fn store_parked(
+        &mut self,
+        batch: &Batch,
+        status: ParkStatus,
+        attempts: u32,
+        error: Option<String>,
+    ) -> Result<()> {
+        self.checkpoint.park(&Parked {
+            first_seq: batch.first_seq,
+            last_seq: batch.last_seq,
+            key: batch.key.clone(),
+            body: batch.body.clone(),
+            rows: batch.rows.iter().copied().collect(),
+            tables: batch.table_names(),
+            status,
+            attempts,
+            last_error: error,
+            parked_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        })?;
+        self.data_version = self.checkpoint.data_version()?;
+        if !batch.from_parked {
+            for r in &batch.rows {
+                *self.blocked.entry(*r).or_default() += 1;
+            }
+            self.frontier.mark(batch.first_seq, batch.last_seq);
+            self.advance();
+        }
+        Ok(())
+    }
+
+    fn hold(&mut self, batch: Batch) -> Result<()> {
+        tracing::info!(
+            first_seq = batch.first_seq,
+            last_seq = batch.last_seq,
+            key = %batch.key,
+            "holding a batch behind a parked batch on the same rows"
+        );
+        self.store_parked(&batch, ParkStatus::Held, 0, None)
+    }
+
+    fn failed(&mut self, batch: Batch, attempts: u32, error: String) -> Result<()> {
+        tracing::error!(
+            id = batch.first_seq,
+            key = %batch.key,
+            attempts,
+            error = %error,
+            "parked a batch that could not be written; later changes to its rows wait behind it. \
+             Replay it with `waltail parked replay {}`", batch.first_seq
+        );
+        if batch.from_parked {
+            self.releasing.remove(&batch.first_seq);
+        }
+        self.store_parked(&batch, ParkStatus::Parked, attempts, Some(error))
+    }
+
+    fn written(&mut self, batch: Batch, bytes: usize) -> Result<()> {
+        let n = batch.changes();
+        if batch.from_parked {
+            self.checkpoint.unpark(batch.first_seq)?;
+            self.releasing.remove(&batch.first_seq);
+            tracing::info!(key = %batch.key, "delivered a parked or held batch");
+            self.release()?;
+        } else {
+            self.done.push(batch.first_seq);
+            self.frontier.mark(batch.first_seq, batch.last_seq);
+            self.advance();
+        }
         let s = &mut self.stats;
         s.changes += n;
         s.objects += 1;
-        s.bytes += d.bytes as u64;
+        s.bytes += bytes as u64;
         s.since_log += n;
-        s.last_key = d.key;
+        s.last_key = batch.key;
         tracing::debug!(key = %s.last_key, changes = n, "archived");
-        if s.logged.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
-            tracing::info!(
-                changes = s.since_log,
-                total_changes = s.changes,
-                total_objects = s.objects,
-                total_bytes = s.bytes,
-                last = %s.last_key,
-                "archived"
-            );
-            s.logged = Some(Instant::now());
-            s.since_log = 0;
+        s.maybe_log();
+        Ok(())
+    }
+
+    /// Parked-table batches not yet started stay there for the next start.
+    fn stop_releasing(&mut self) {
+        for b in self.released.drain(..) {
+            self.releasing.remove(&b.first_seq);
         }
+    }
+
+    /// Re-reads the parked table: recomputes the blocked rows and queues the
+    /// batches that may now leave (replay requests, then held batches whose
+    /// rows are clear).
+    fn release(&mut self) -> Result<()> {
+        let parked = self.checkpoint.parked()?;
+        self.blocked.clear();
+        for p in &parked {
+            for r in &p.rows {
+                *self.blocked.entry(*r).or_default() += 1;
+            }
+        }
+        let ready: HashSet<u64> = checkpoint::releasable(&parked).into_iter().collect();
+        for p in parked {
+            if !ready.contains(&p.first_seq) || !self.releasing.insert(p.first_seq) {
+                continue;
+            }
+            tracing::info!(id = p.first_seq, key = %p.key, status = p.status.as_str(), "delivering a parked-table batch");
+            self.released.push_back(Batch {
+                first_seq: p.first_seq,
+                last_seq: p.last_seq,
+                commit_ts: 0,
+                body: p.body,
+                rows: p.rows.into_iter().collect(),
+                tables: Vec::new(),
+                recorded: true,
+                from_parked: true,
+                key: p.key,
+            });
+        }
+        Ok(())
     }
 
     /// Moves the cursor past every committed transaction wholly written.

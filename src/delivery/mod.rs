@@ -2,9 +2,12 @@
 //! never two batches holding the same row, at the configured rate, retrying
 //! each failed PUT on the retry schedule.
 //!
-//! A batch whose attempts are all used up stops the pipeline (nothing past
-//! it is confirmed to Postgres, so nothing is lost; the slot keeps the WAL).
+//! A batch whose attempts are all used up (or that the store refuses for
+//! good) comes back as [`Outcome::Failed`] so the pipeline can park it; an
+//! error that no batch can get past (credentials refused, bucket missing)
+//! ends delivery with `Err`, and the pipeline stops.
 
+pub mod parking;
 pub mod retry;
 
 use std::collections::HashMap;
@@ -15,31 +18,35 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::batch::Batch;
-use crate::error::Disposition;
-use crate::sink::{NDJSON_CONTENT_TYPE, Sink, layout};
+use crate::error::{Disposition, Report};
+use crate::sink::{NDJSON_CONTENT_TYPE, Sink};
 use crate::{Error, Result};
 pub use retry::RetryPolicy;
 
-/// The result of one batch's delivery.
+/// How a batch's delivery ended.
 #[derive(Debug)]
-pub struct Delivered {
-    pub first_seq: u64,
-    pub last_seq: u64,
-    pub key: String,
-    pub bytes: usize,
-    pub rows: Vec<u64>,
+pub enum Outcome {
+    Written {
+        batch: Batch,
+        bytes: usize,
+    },
+    /// Every attempt failed, or the store refused this batch for good.
+    Failed {
+        batch: Batch,
+        attempts: u32,
+        error: String,
+    },
 }
 
 /// The uploads in flight and the rules for starting another.
 pub struct Delivery {
     sink: Sink,
-    pipeline: String,
     policy: RetryPolicy,
     max_in_flight: usize,
     rate_limit: u32,
     /// When the rate limit next allows a batch to leave.
     rate_free_at: Instant,
-    in_flight: JoinSet<Result<Delivered>>,
+    in_flight: JoinSet<Result<Outcome>>,
     /// Row hash -> number of in-flight batches holding it (0 or 1 by construction).
     rows: HashMap<u64, u32>,
 }
@@ -54,16 +61,9 @@ pub enum Wait {
 }
 
 impl Delivery {
-    pub fn new(
-        sink: Sink,
-        pipeline: &str,
-        policy: RetryPolicy,
-        max_in_flight: usize,
-        rate_limit: u32,
-    ) -> Self {
+    pub fn new(sink: Sink, policy: RetryPolicy, max_in_flight: usize, rate_limit: u32) -> Self {
         Delivery {
             sink,
-            pipeline: pipeline.to_string(),
             policy,
             max_in_flight,
             rate_limit,
@@ -90,8 +90,8 @@ impl Delivery {
         Ok(())
     }
 
-    /// Starts uploading `batch` (call [`Delivery::can_start`] first).
-    pub fn start(&mut self, batch: Batch) {
+    /// Starts uploading `batch` under `batch.key` (call [`Delivery::can_start`] first).
+    pub fn start(&mut self, mut batch: Batch) {
         if self.rate_limit > 0 {
             let cost = Duration::from_secs_f64(batch.changes() as f64 / self.rate_limit as f64);
             self.rate_free_at = self.rate_free_at.max(Instant::now()) + cost;
@@ -99,31 +99,29 @@ impl Delivery {
         for r in &batch.rows {
             *self.rows.entry(*r).or_default() += 1;
         }
-        let key = layout::batch_key(
-            self.sink.prefix(),
-            &self.pipeline,
-            batch.commit_ts,
-            batch.first_seq,
-            batch.last_seq,
-        );
         let sink = self.sink.clone();
         let policy = self.policy.clone();
         self.in_flight.spawn(async move {
-            let body = Bytes::from(batch.body);
+            let body = Bytes::from(std::mem::take(&mut batch.body));
             let bytes = body.len();
-            put_with_retry(&sink, &key, body, &policy).await?;
-            Ok(Delivered {
-                first_seq: batch.first_seq,
-                last_seq: batch.last_seq,
-                key,
-                bytes,
-                rows: batch.rows.into_iter().collect(),
-            })
+            let result = put_with_retry(&sink, &batch.key, body.clone(), &policy).await;
+            batch.body = body.into();
+            match result {
+                Ok(()) => Ok(Outcome::Written { batch, bytes }),
+                Err((e, attempts)) => match e.disposition() {
+                    Disposition::Stop => Err(e),
+                    Disposition::Retry | Disposition::Park => Ok(Outcome::Failed {
+                        batch,
+                        attempts,
+                        error: Report(&e).to_string(),
+                    }),
+                },
+            }
         });
     }
 
     /// Waits for the next upload to finish. `None` when nothing is in flight.
-    pub async fn next(&mut self) -> Option<Result<Delivered>> {
+    pub async fn next(&mut self) -> Option<Result<Outcome>> {
         let joined = self.in_flight.join_next().await?;
         let result = match joined {
             Ok(r) => r,
@@ -133,8 +131,8 @@ impl Delivery {
                 "report this bug",
             )),
         };
-        if let Ok(d) = &result {
-            for r in &d.rows {
+        if let Ok(Outcome::Written { batch, .. } | Outcome::Failed { batch, .. }) = &result {
+            for r in &batch.rows {
                 if let Some(n) = self.rows.get_mut(r) {
                     *n -= 1;
                     if *n == 0 {
@@ -147,14 +145,15 @@ impl Delivery {
     }
 }
 
-/// PUTs one object, retrying on the schedule; errors that no retry can fix
-/// (see [`Error::disposition`]) end it at once.
+/// PUTs one object, retrying on the schedule. Gives up at once on errors
+/// that no retry can fix (see [`Error::disposition`]), returning the error
+/// and the number of attempts made.
 pub async fn put_with_retry(
     sink: &Sink,
     key: &str,
     body: Bytes,
     policy: &RetryPolicy,
-) -> Result<()> {
+) -> Result<(), (Error, u32)> {
     let mut attempt = 1;
     loop {
         match sink.put(key, body.clone(), NDJSON_CONTENT_TYPE).await {
@@ -162,16 +161,16 @@ pub async fn put_with_retry(
             Err(e) => {
                 let delay = match e.disposition() {
                     Disposition::Retry => policy.delay(attempt),
-                    Disposition::Stop => None,
+                    Disposition::Park | Disposition::Stop => None,
                 };
                 let Some(delay) = delay else {
-                    return Err(e);
+                    return Err((e, attempt));
                 };
                 tracing::warn!(
                     key,
                     attempt,
                     retry_in = ?delay,
-                    error = %crate::error::Report(&e),
+                    error = %Report(&e),
                     "PUT failed; retrying"
                 );
                 tokio::time::sleep(delay).await;

@@ -26,9 +26,8 @@ use crate::{Error, Result};
 /// The content type of archive objects.
 pub const NDJSON_CONTENT_TYPE: &str = "application/x-ndjson";
 
-/// A request that has not answered in this long is abandoned and retried by
-/// delivery's own policy (the product page's backoff), not object_store's.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connecting takes at most this long (then the attempt fails and delivery's
+/// own retry policy, the product page's backoff, decides what next).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where objects go.
@@ -44,7 +43,8 @@ pub struct Sink {
 
 impl Sink {
     /// Builds the store for a destination. Nothing is sent yet.
-    pub fn new(dest: &DestinationConfig) -> Result<Sink> {
+    /// `timeout` bounds each request (`delivery.request_timeout_ms`).
+    pub fn new(dest: &DestinationConfig, timeout: Duration) -> Result<Sink> {
         let describe = dest.describe();
         match dest {
             DestinationConfig::File { path, prefix } => {
@@ -64,7 +64,7 @@ impl Sink {
                 })
             }
             DestinationConfig::S3(s3) => Ok(Sink {
-                store: Arc::new(s3_store(s3)?),
+                store: Arc::new(s3_store(s3, timeout)?),
                 prefix: s3.prefix.clone(),
                 typed: true,
                 describe,
@@ -124,7 +124,7 @@ impl Sink {
     }
 }
 
-fn s3_store(s3: &S3Config) -> Result<object_store::aws::AmazonS3> {
+fn s3_store(s3: &S3Config, timeout: Duration) -> Result<object_store::aws::AmazonS3> {
     // from_env picks up AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN,
     // AWS_REGION / AWS_DEFAULT_REGION, AWS_ENDPOINT and the container/instance
     // credential chain when the file gives no keys.
@@ -150,7 +150,7 @@ fn s3_store(s3: &S3Config) -> Result<object_store::aws::AmazonS3> {
     b = b
         .with_client_options(
             ClientOptions::new()
-                .with_timeout(REQUEST_TIMEOUT)
+                .with_timeout(timeout)
                 .with_connect_timeout(CONNECT_TIMEOUT),
         )
         // with_client_options replaces the whole options object, allow_http included.
