@@ -120,6 +120,26 @@ impl TestDb {
             .collect()
     }
 
+    /// Another session on an existing test database.
+    pub async fn attach(url: &str) -> TestDb {
+        let client = connect(url).await;
+        client.batch_execute("SET TimeZone = 'UTC'").await.unwrap();
+        TestDb {
+            name: String::new(),
+            url: url.to_string(),
+            client,
+        }
+    }
+
+    /// A new session (after the server restarted).
+    pub async fn reconnect(&mut self) {
+        self.client = connect(&self.url).await;
+        self.client
+            .batch_execute("SET TimeZone = 'UTC'")
+            .await
+            .unwrap();
+    }
+
     pub async fn drop_db(self) {
         drop(self.client);
         let admin = connect(&pg_admin_url()).await;
@@ -494,4 +514,69 @@ where
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+pub const TABLES: &str = "
+    CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL, status text,
+                         total numeric(10,2), items jsonb, paid boolean, placed_at timestamptz,
+                         note varchar(40), ratio double precision, tags text[]);
+    CREATE TABLE customers (id integer PRIMARY KEY, name text, since date, score real);
+";
+
+/// Inserts, updates and deletes across both tables in many transactions of
+/// varying size, from a deterministic generator.
+pub async fn mixed_workload(db: &TestDb, seed: u64, txns: usize, id_base: i64) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for t in 0..txns {
+        let mut sql = String::from("BEGIN;");
+        for _ in 0..rng.usize(1..6) {
+            let id = id_base + rng.i64(0..40);
+            match rng.u8(0..6) {
+                0 | 1 => sql.push_str(&format!(
+                    "INSERT INTO orders VALUES ({id}, 'c{id}', 'new', {}.{:02}, '{{\"n\": {t}, \"s\": \"x\\\"y\"}}', {}, now(), 'v{t}', {}, ARRAY['a', NULL, 'b c'])
+                     ON CONFLICT (id) DO UPDATE SET status = 'reinserted', total = excluded.total;",
+                    rng.u32(0..1000), rng.u32(0..100), rng.bool(), rng.f64()
+                )),
+                2 => sql.push_str(&format!("UPDATE orders SET status = 'paid{t}', paid = true, items = NULL WHERE id = {id};")),
+                3 => sql.push_str(&format!("DELETE FROM orders WHERE id = {id};")),
+                4 => sql.push_str(&format!(
+                    "INSERT INTO customers VALUES ({id}, 'n{t}', DATE '2024-01-01' + {t}, {}) ON CONFLICT (id) DO UPDATE SET name = excluded.name;",
+                    rng.u16(..)
+                )),
+                _ => sql.push_str(&format!("DELETE FROM customers WHERE id = {id};")),
+            }
+        }
+        sql.push_str("COMMIT;");
+        db.exec(&sql).await;
+    }
+}
+
+/// Waits until replaying the archive gives exactly the tables' rows.
+pub async fn wait_replay_equals(
+    db: &TestDb,
+    read: impl AsyncFn() -> Vec<Object>,
+    prefix: Option<&str>,
+    pipeline: &str,
+) -> Vec<serde_json::Value> {
+    let mut last = Vec::new();
+    let mut agreed = false;
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        let objects = read().await;
+        let changes = checked_changes(&objects, prefix, pipeline);
+        let state = replay(&changes);
+        let orders = db.rows("orders").await;
+        let customers = db.rows("customers").await;
+        let empty = Default::default();
+        if state.get("public.orders").unwrap_or(&empty) == &orders
+            && state.get("public.customers").unwrap_or(&empty) == &customers
+        {
+            agreed = true;
+            last = changes;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(agreed, "the archive's replay never equalled the tables");
+    last
 }

@@ -1,0 +1,214 @@
+//! Delivery under failure, against real Postgres and SeaweedFS with the real
+//! binary: the store unreachable past the retry budget (parking, held rows,
+//! replay), kill -9 at random moments, and Postgres restarts.
+
+mod common;
+
+use std::time::Duration;
+
+use common::pg::DedicatedPg;
+use common::proxy::{Mode, Proxy};
+use common::*;
+
+fn s3_addr() -> std::net::SocketAddr {
+    let endpoint = s3().endpoint;
+    let hostport = endpoint.trim_start_matches("http://");
+    std::net::ToSocketAddrs::to_socket_addrs(hostport)
+        .unwrap()
+        .next()
+        .unwrap()
+}
+
+/// Seqs present in the archive under `prefix`.
+async fn archived_seqs(prefix: &str) -> Vec<u64> {
+    let mut seqs: Vec<u64> = s3_objects(prefix)
+        .await
+        .iter()
+        .flat_map(|o| {
+            o.body
+                .lines()
+                .map(|l| {
+                    serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"]
+                        .as_u64()
+                        .unwrap()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    seqs.sort();
+    seqs
+}
+
+fn parked_lines(w: &Waltail) -> (usize, usize) {
+    let (status, stdout, stderr) = w.output(&["parked", "list"]);
+    assert!(status.success(), "{stdout}{stderr}");
+    let count = |s: &str| {
+        stdout
+            .lines()
+            .filter(|l| l.split_whitespace().nth(2) == Some(s))
+            .count()
+    };
+    (count("parked"), count("held"))
+}
+
+/// An outage of the store: one batch fails on connection resets, one on a
+/// blackholed connection; both park after their attempts. Later changes to
+/// their rows are held, another row flows on, and replay (through the
+/// running pipeline, or by the CLI when none runs) delivers the rest.
+async fn outage_then_replay(replay_while_running: bool) {
+    let db = TestDb::new("outage").await;
+    db.exec("CREATE TABLE t (id int PRIMARY KEY, v int)").await;
+    let proxy = Proxy::start(s3_addr());
+    let pipeline = unique("outage").replace('_', "-");
+    let prefix = format!("outage/{pipeline}");
+    let mut w = Waltail::new(&db, &pipeline, "public.t");
+    w.s3(&prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
+        .set("WALTAIL_DELIVERY_BATCH_SIZE", "1")
+        .set("WALTAIL_DELIVERY_MAX_ATTEMPTS", "2")
+        .set("WALTAIL_DELIVERY_REQUEST_TIMEOUT_MS", "1000");
+    w.start();
+    db.exec("INSERT INTO t VALUES (1, 0), (2, 0), (3, 0), (4, 0)")
+        .await;
+    eventually(Duration::from_secs(30), "the inserts", async || {
+        archived_seqs(&prefix).await.len() == 4
+    })
+    .await;
+
+    proxy.set_mode(Mode::Reset);
+    db.exec("UPDATE t SET v = 1 WHERE id = 1").await; // seq 5
+    eventually(Duration::from_secs(30), "seq 5 parked", async || {
+        parked_lines(&w).0 == 1
+    })
+    .await;
+    proxy.set_mode(Mode::Blackhole);
+    db.exec("UPDATE t SET v = 1 WHERE id = 2").await; // seq 6
+    eventually(Duration::from_secs(30), "seq 6 parked", async || {
+        parked_lines(&w).0 == 2
+    })
+    .await;
+
+    proxy.set_mode(Mode::Pass);
+    db.exec("UPDATE t SET v = 2 WHERE id = 1").await; // seq 7: held behind 5
+    db.exec("UPDATE t SET v = 2 WHERE id = 3").await; // seq 8: flows on
+    db.exec("UPDATE t SET v = 2 WHERE id = 2").await; // seq 9: held behind 6
+    eventually(Duration::from_secs(30), "seq 8 delivered", async || {
+        archived_seqs(&prefix).await.contains(&8)
+    })
+    .await;
+    eventually(Duration::from_secs(30), "two held batches", async || {
+        parked_lines(&w) == (2, 2)
+    })
+    .await;
+    assert_eq!(
+        archived_seqs(&prefix).await,
+        vec![1, 2, 3, 4, 8],
+        "parked and held seqs must not be in the archive yet"
+    );
+    let (_, list, _) = w.output(&["parked", "list"]);
+    assert!(list.contains("public.t") && list.contains("5-5"), "{list}");
+
+    // The slot was confirmed past the parked and held changes (they are durable locally).
+    let confirmed: bool = db
+        .client
+        .query_one(
+            "SELECT confirmed_flush_lsn >= pg_current_wal_lsn() - 100000 FROM pg_replication_slots WHERE slot_name = $1",
+            &[&format!("waltail_{}", pipeline.replace('-', "_"))],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(confirmed);
+
+    if !replay_while_running {
+        w.stop();
+    }
+    let (status, stdout, stderr) = w.output(&["parked", "replay", "--all"]);
+    assert!(status.success(), "replay failed:\n{stdout}\n{stderr}");
+    let read = async || s3_objects(&prefix).await;
+    let changes = checked_changes(&read().await, Some(&prefix), &pipeline);
+    assert_eq!(
+        changes.len(),
+        9,
+        "every seq archived exactly once after replay"
+    );
+    assert_eq!(parked_lines(&w), (0, 0));
+    let mut db = db;
+    db.reconnect().await;
+    let rows = db.rows("t").await;
+    let state = replay(&changes);
+    assert_eq!(state["public.t"], rows);
+    if replay_while_running {
+        w.stop();
+    }
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn outage_parks_batches_holds_their_rows_and_replay_through_the_running_pipeline_delivers_all()
+ {
+    outage_then_replay(true).await;
+}
+
+#[tokio::test]
+async fn replay_without_a_running_pipeline_delivers_parked_then_held_batches() {
+    outage_then_replay(false).await;
+}
+
+#[tokio::test]
+async fn kill_9_at_random_moments_loses_nothing_and_never_writes_a_seq_twice() {
+    let db = TestDb::new("kill9").await;
+    db.exec(TABLES).await;
+    let pipeline = unique("kill9").replace('_', "-");
+    let prefix = format!("kill9/{pipeline}");
+    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
+    w.s3(&prefix).set("WALTAIL_DELIVERY_BATCH_SIZE", "4");
+    let seed = std::env::var("WT_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("seed {seed} (set WT_TEST_SEED to repeat)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for round in 0..8u64 {
+        w.start();
+        let url = db.url.clone();
+        let writer_seed = rng.u64(..);
+        let writer = tokio::spawn(async move {
+            let wdb = TestDb::attach(&url).await;
+            mixed_workload(&wdb, writer_seed, 80, 0).await;
+        });
+        tokio::time::sleep(Duration::from_millis(rng.u64(50..700))).await;
+        w.kill9();
+        writer.await.unwrap();
+        println!("round {round}: killed");
+    }
+    w.start();
+    let read = async || s3_objects(&prefix).await;
+    let changes = wait_replay_equals(&db, read, Some(&prefix), &pipeline).await;
+    assert!(changes.len() > 500, "{}", changes.len());
+    w.stop();
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn postgres_restart_mid_stream_reconnects_and_loses_nothing() {
+    let pg = DedicatedPg::start();
+    let mut db = TestDb::on(pg.url(), "pgrestart").await;
+    db.exec(TABLES).await;
+    let pipeline = unique("pgrestart").replace('_', "-");
+    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
+    w.set("WALTAIL_DELIVERY_BATCH_SIZE", "3");
+    let root = w.dir.path().join("waltail-archive");
+    let read = async || file_objects(&root);
+    w.start();
+    mixed_workload(&db, 11, 60, 0).await;
+    pg.restart();
+    db.reconnect().await;
+    mixed_workload(&db, 12, 60, 0).await;
+    pg.restart();
+    db.reconnect().await;
+    mixed_workload(&db, 13, 60, 0).await;
+    wait_replay_equals(&db, read, None, &pipeline).await;
+    assert!(w.log().contains("reconnecting"), "{}", w.log());
+    w.stop();
+}
