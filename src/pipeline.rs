@@ -41,8 +41,9 @@ use crate::{Error, Result};
 /// Events buffered between the source and the pipeline. Small: backpressure
 /// should reach Postgres quickly, and each event holds a rendered row.
 const EVENT_CHANNEL: usize = 4096;
-/// Status updates go out at least this often, well inside the default
-/// wal_sender_timeout (60 s), even while the pipeline is blocked.
+/// Status updates go out at least this often even while the pipeline is
+/// blocked, and at least three times per wal_sender_timeout (see
+/// [`status_interval`]), so the server never drops us as unresponsive.
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);
 /// How often the confirmed position is persisted and sent while changes flow.
 const CONFIRM_INTERVAL: Duration = Duration::from_millis(100);
@@ -186,9 +187,10 @@ async fn session(
     });
     let intents = checkpoint.open_intents(cursor.next_seq)?;
     let pg = source::pg_config(&config.source);
-    let conn = ReplicationConnection::connect(&pg, &format!("waltail {}", config.pipeline))
+    let mut conn = ReplicationConnection::connect(&pg, &format!("waltail {}", config.pipeline))
         .await
         .map_err(|e| Error::replication("opening the replication connection", e))?;
+    let status_every = status_interval(&mut conn).await?;
     let publications = quote_ident(&config.source.publication);
     let (stream, feedback) = conn
         .start_replication(
@@ -217,7 +219,13 @@ async fn session(
         tx,
         reply.clone(),
     ));
-    let feedback_task = tokio::spawn(feedback_loop(feedback, confirm_rx, reply, feedback_stopped));
+    let feedback_task = tokio::spawn(feedback_loop(
+        feedback,
+        confirm_rx,
+        reply,
+        feedback_stopped,
+        status_every,
+    ));
 
     let delivery = Delivery::new(
         sink.clone(),
@@ -306,8 +314,9 @@ async fn feedback_loop(
     mut confirmed: watch::Receiver<u64>,
     reply: Arc<Notify>,
     mut stop: oneshot::Receiver<()>,
+    every: Duration,
 ) -> Result<()> {
-    let mut tick = tokio::time::interval(STATUS_INTERVAL);
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let err = |e| Error::replication("sending a status update", e);
     loop {
@@ -329,6 +338,41 @@ async fn feedback_loop(
         let lsn = *confirmed.borrow_and_update();
         feedback.send_status(lsn, false).await.map_err(err)?;
     }
+}
+
+/// How often to send status updates: [`STATUS_INTERVAL`], or a third of the
+/// server's wal_sender_timeout when that is shorter.
+async fn status_interval(conn: &mut ReplicationConnection) -> Result<Duration> {
+    let rows = conn
+        .simple_query("SHOW wal_sender_timeout")
+        .await
+        .map_err(|e| Error::replication("reading wal_sender_timeout", e))?;
+    let text = rows
+        .first()
+        .and_then(|r| r.first().cloned().flatten())
+        .unwrap_or_default();
+    Ok(match parse_pg_duration(&text) {
+        Some(t) if !t.is_zero() => STATUS_INTERVAL.min(t / 3).max(Duration::from_millis(100)),
+        _ => STATUS_INTERVAL, // 0 disables the server's timeout
+    })
+}
+
+/// Parses a Postgres duration setting as SHOW prints it (`60s`, `2min`, `500ms`, `0`).
+fn parse_pg_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (num, unit) = text.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit.trim() {
+        "ms" => Duration::from_millis(n),
+        "" | "s" => Duration::from_secs(n),
+        "min" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        "d" => Duration::from_secs(n * 86_400),
+        _ => return None,
+    })
 }
 
 /// Why the pipeline loop ended without an error.
@@ -763,4 +807,31 @@ impl Pipeline<'_> {
 
 fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pg_durations_parse_as_show_prints_them() {
+        assert_eq!(parse_pg_duration("1min"), Some(Duration::from_secs(60)));
+        assert_eq!(parse_pg_duration("2s"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_pg_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_pg_duration("0"), Some(Duration::ZERO));
+        assert_eq!(parse_pg_duration("soon"), None);
+    }
+
+    #[test]
+    fn frontier_advances_over_out_of_order_completions() {
+        let mut f = Frontier::new(10);
+        f.mark(16, 20);
+        assert_eq!(f.upto, 10);
+        f.mark(11, 15);
+        assert_eq!(f.upto, 20);
+        // A written batch straddling the start (re-formed after a restart).
+        let mut f = Frontier::new(12);
+        f.mark(5, 14);
+        assert_eq!(f.upto, 14);
+    }
 }

@@ -212,3 +212,57 @@ async fn postgres_restart_mid_stream_reconnects_and_loses_nothing() {
     assert!(w.log().contains("reconnecting"), "{}", w.log());
     w.stop();
 }
+
+/// While uploads hang, the pipeline stops reading from Postgres (backpressure)
+/// but keeps answering the walsender, so it is not disconnected after
+/// wal_sender_timeout; when the store answers again everything arrives.
+#[tokio::test]
+async fn a_hung_store_applies_backpressure_without_losing_the_replication_connection() {
+    let pg = DedicatedPg::start();
+    let db = TestDb::on(pg.url(), "backpressure").await;
+    db.exec("ALTER SYSTEM SET wal_sender_timeout = '2s'").await;
+    db.exec("SELECT pg_reload_conf()").await;
+    db.exec(TABLES).await;
+    let proxy = Proxy::start(s3_addr());
+    let pipeline = unique("bp").replace('_', "-");
+    let prefix = format!("backpressure/{pipeline}");
+    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
+    w.s3(&prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
+        .set("WALTAIL_DELIVERY_BATCH_SIZE", "500")
+        .set("WALTAIL_DELIVERY_MAX_IN_FLIGHT", "1")
+        .set("WALTAIL_DELIVERY_REQUEST_TIMEOUT_MS", "9000");
+    w.start();
+    let walsender_pid = async || -> Option<i32> {
+        db.client
+            .query_opt(
+                "SELECT pid FROM pg_stat_replication WHERE application_name LIKE 'waltail%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .map(|r| r.get(0))
+    };
+    let pid = walsender_pid()
+        .await
+        .expect("waltail's walsender is connected");
+    proxy.set_mode(Mode::Blackhole);
+    mixed_workload(&db, 21, 100, 0).await;
+    // Enough to fill the event channel and the socket buffers, so the
+    // walsender itself blocks on a full connection.
+    db.exec("INSERT INTO customers SELECT g, repeat('x', 200), NULL, 1 FROM generate_series(100000, 199999) g").await;
+    // Three times wal_sender_timeout with the one upload slot hung.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        walsender_pid().await,
+        Some(pid),
+        "the walsender was replaced:\n{}",
+        w.log()
+    );
+    assert!(!w.log().contains("reconnecting"), "{}", w.log());
+    proxy.set_mode(Mode::Pass);
+    let read = async || s3_objects(&prefix).await;
+    wait_replay_equals(&db, read, Some(&prefix), &pipeline).await;
+    assert!(parked_lines(&w) == (0, 0), "nothing should have parked");
+    w.stop();
+}

@@ -179,3 +179,78 @@ pub async fn put_with_retry(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn batch(first: u64, rows: &[u64]) -> Batch {
+        Batch {
+            first_seq: first,
+            last_seq: first,
+            commit_ts: 0,
+            body: b"{}\n".to_vec(),
+            rows: rows.iter().copied().collect(),
+            tables: Vec::new(),
+            recorded: false,
+            key: format!("k-{first}"),
+            from_parked: false,
+        }
+    }
+
+    fn delivery(max_in_flight: usize, rate_limit: u32) -> Delivery {
+        let store = Arc::new(object_store::memory::InMemory::new());
+        Delivery::new(
+            Sink::from_store(store, None),
+            RetryPolicy {
+                max_attempts: 1,
+                backoff: vec![Duration::ZERO],
+            },
+            max_in_flight,
+            rate_limit,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_row_is_never_in_two_uploads_at_once() {
+        let mut d = delivery(4, 0);
+        d.start(batch(1, &[10, 11]));
+        assert_eq!(d.can_start(&batch(2, &[11])), Err(Wait::Busy));
+        assert_eq!(d.can_start(&batch(3, &[12])), Ok(()));
+        let Some(Ok(Outcome::Written { batch: done, .. })) = d.next().await else {
+            panic!("the upload should succeed");
+        };
+        assert_eq!(done.first_seq, 1);
+        assert_eq!(d.can_start(&batch(2, &[11])), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn at_most_max_in_flight_uploads() {
+        let mut d = delivery(2, 0);
+        d.start(batch(1, &[1]));
+        d.start(batch(2, &[2]));
+        assert_eq!(d.can_start(&batch(3, &[3])), Err(Wait::Busy));
+        d.next().await.unwrap().unwrap();
+        assert_eq!(d.can_start(&batch(3, &[3])), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limit_spaces_batches_by_their_size() {
+        let mut d = delivery(8, 100); // 100 changes/s
+        let mut b = batch(1, &[1]);
+        b.last_seq = 50; // 50 changes: half a second of budget
+        d.start(b);
+        match d.can_start(&batch(51, &[2])) {
+            Err(Wait::Until(t)) => {
+                let wait = t - Instant::now();
+                assert!(
+                    wait > Duration::from_millis(450) && wait <= Duration::from_millis(500),
+                    "{wait:?}"
+                );
+            }
+            other => panic!("expected a rate wait, got {other:?}"),
+        }
+    }
+}

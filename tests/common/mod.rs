@@ -9,6 +9,7 @@
 
 pub mod pg;
 pub mod proxy;
+pub mod s3;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -384,10 +385,15 @@ pub fn file_objects(root: &Path) -> Vec<Object> {
             let p = e.path();
             if p.is_dir() {
                 walk(&p, root, out);
-            } else {
+            } else if !p.to_string_lossy().contains('#') {
+                // `key#n` files are object_store's staging files, renamed into
+                // place when whole; a file may also be renamed under us.
+                let Ok(body) = std::fs::read_to_string(&p) else {
+                    continue;
+                };
                 out.push(Object {
                     key: p.strip_prefix(root).unwrap().to_string_lossy().into_owned(),
-                    body: std::fs::read_to_string(&p).unwrap(),
+                    body,
                     content_type: None,
                 });
             }
