@@ -68,6 +68,12 @@ CREATE TABLE IF NOT EXISTS intents (
     last_seq  INTEGER NOT NULL,
     done      INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS schemas (
+    tbl         TEXT NOT NULL,
+    version     INTEGER NOT NULL,
+    fingerprint TEXT NOT NULL,
+    PRIMARY KEY (tbl, version)
+);
 CREATE TABLE IF NOT EXISTS parked (
     first_seq  INTEGER PRIMARY KEY,
     last_seq   INTEGER NOT NULL,
@@ -371,6 +377,44 @@ impl Checkpoint {
     pub fn data_version(&self) -> Result<i64> {
         self.conn
             .query_row("PRAGMA data_version", [], |r| r.get(0))
+            .map_err(self.err())
+    }
+}
+
+impl Checkpoint {
+    /// The version number recorded for this shape of `table`, if any.
+    pub fn schema_version(&self, table: &str, fingerprint: &str) -> Result<Option<u32>> {
+        self.conn
+            .query_row(
+                "SELECT version FROM schemas WHERE tbl = ?1 AND fingerprint = ?2",
+                params![table, fingerprint],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()
+            .map(|v| v.map(|v| v as u32))
+            .map_err(self.err())
+    }
+
+    /// The version a new shape of `table` gets.
+    pub fn next_schema_version(&self, table: &str) -> Result<u32> {
+        self.conn
+            .query_row(
+                "SELECT COALESCE(MAX(version), 0) + 1 FROM schemas WHERE tbl = ?1",
+                [table],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|v| v as u32)
+            .map_err(self.err())
+    }
+
+    /// Records that `version` of `table` is written to the archive.
+    pub fn record_schema(&mut self, table: &str, version: u32, fingerprint: &str) -> Result<()> {
+        self.conn
+            .execute(
+                "INSERT OR IGNORE INTO schemas (tbl, version, fingerprint) VALUES (?1, ?2, ?3)",
+                params![table, version as i64, fingerprint],
+            )
+            .map(|_| ())
             .map_err(self.err())
     }
 }

@@ -32,9 +32,10 @@ use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
 use crate::envelope;
 use crate::error::Disposition;
 use crate::sink::{Sink, layout};
+use crate::source::catalog::TypeCatalog;
 use crate::source::pgoutput::format_lsn;
 use crate::source::replication::{FeedbackSender, ReplicationConnection};
-use crate::source::stream::{self, Decoder, SourceEvent};
+use crate::source::stream::{self, Decoder, SchemaRecord, SourceEvent};
 use crate::source::{self, setup};
 use crate::{Error, Result};
 
@@ -213,9 +214,19 @@ async fn session(
     let reply = Arc::new(Notify::new());
     let (confirm_tx, confirm_rx) = watch::channel(cursor.confirmed_lsn);
     let (stop_feedback, feedback_stopped) = oneshot::channel();
+    // Column types are looked up on their own SQL connection; without one
+    // (e.g. a permission problem) values still render by built-in rules.
+    let catalog = match source::connect_sql(&config.source).await {
+        Ok(client) => TypeCatalog::new(Some(client)),
+        Err(e) => {
+            tracing::warn!(error = %crate::error::Report(&e), "cannot open a catalog connection; user-defined types render as text");
+            TypeCatalog::new(None)
+        }
+    };
     let mut source_task = tokio::spawn(stream::run(
         stream,
         Decoder::new(cursor.confirmed_lsn),
+        catalog,
         tx,
         reply.clone(),
     ));
@@ -542,7 +553,7 @@ impl Pipeline<'_> {
                     }
                 }
                 event = rx.recv(), if accepting => match event {
-                    Some(event) => self.event(event)?,
+                    Some(event) => self.event(event).await?,
                     None => {
                         source_open = false;
                         if stopping.is_none() {
@@ -556,8 +567,9 @@ impl Pipeline<'_> {
         }
     }
 
-    fn event(&mut self, event: SourceEvent) -> Result<()> {
+    async fn event(&mut self, event: SourceEvent) -> Result<()> {
         match event {
+            SourceEvent::Schema(record) => self.schema(record).await?,
             SourceEvent::Begin => self.open_txn = true,
             SourceEvent::Change(change) => {
                 let seq = self.next_seq;
@@ -595,6 +607,36 @@ impl Pipeline<'_> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Writes a table's schema record the first time this shape is seen, as
+    /// `[prefix/]_schemas/<schema>.<table>/<n>.json`, before any change in
+    /// that shape can be confirmed. Versions are numbered by first sight and
+    /// recognised by content, so a restart rewrites the same key and bytes.
+    async fn schema(&mut self, record: SchemaRecord) -> Result<()> {
+        let table = &record.table.name;
+        let fingerprint =
+            uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, record.members.as_bytes()).to_string();
+        if self
+            .checkpoint
+            .schema_version(table, &fingerprint)?
+            .is_some()
+        {
+            return Ok(());
+        }
+        let version = self.checkpoint.next_schema_version(table)?;
+        let body = format!(
+            "{{\"table\":{},\"version\":{version},{}}}\n",
+            record.table.json, record.members
+        );
+        let key = layout::schema_key(self.prefix.as_deref(), table, version);
+        self.delivery
+            .put_now(&key, bytes::Bytes::from(body), "application/json")
+            .await?;
+        self.checkpoint
+            .record_schema(table, version, &fingerprint)?;
+        tracing::info!(%key, "recorded a table schema");
         Ok(())
     }
 

@@ -73,6 +73,14 @@ impl Delivery {
         }
     }
 
+    /// Writes one object now, outside the batch flow (schema records), on
+    /// the same retry schedule.
+    pub async fn put_now(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
+        put_with_retry_typed(&self.sink, key, body, &self.policy, content_type)
+            .await
+            .map_err(|(e, _)| e)
+    }
+
     pub fn is_idle(&self) -> bool {
         self.in_flight.is_empty()
     }
@@ -154,9 +162,19 @@ pub async fn put_with_retry(
     body: Bytes,
     policy: &RetryPolicy,
 ) -> Result<(), (Error, u32)> {
+    put_with_retry_typed(sink, key, body, policy, NDJSON_CONTENT_TYPE).await
+}
+
+async fn put_with_retry_typed(
+    sink: &Sink,
+    key: &str,
+    body: Bytes,
+    policy: &RetryPolicy,
+    content_type: &str,
+) -> Result<(), (Error, u32)> {
     let mut attempt = 1;
     loop {
-        match sink.put(key, body.clone(), NDJSON_CONTENT_TYPE).await {
+        match sink.put(key, body.clone(), content_type).await {
             Ok(()) => return Ok(()),
             Err(e) => {
                 let delay = match e.disposition() {

@@ -38,6 +38,12 @@ pub fn batch_key(
     key
 }
 
+/// The key of a table's schema record, version `version` (from 1).
+pub fn schema_key(prefix: Option<&str>, table: &str, version: u32) -> String {
+    let p = prefix.map(|p| format!("{p}/")).unwrap_or_default();
+    format!("{p}_schemas/{table}/{version}.json")
+}
+
 /// The key of the connection check's marker object.
 pub fn check_key(prefix: Option<&str>) -> String {
     match prefix {

@@ -4,6 +4,7 @@
 //! ([`pgoutput`]), value rendering ([`types`]) and the event stream
 //! ([`stream`]). Ordinary SQL goes through tokio-postgres.
 
+pub mod catalog;
 pub mod check;
 pub mod pgoutput;
 pub mod replication;

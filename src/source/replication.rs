@@ -433,7 +433,7 @@ impl ReplicationConnection {
             // pgoutput/SQL text output is formatted predictably.
             ("DateStyle", "ISO"),
             ("TimeZone", "UTC"),
-            ("IntervalStyle", "postgres"),
+            ("IntervalStyle", "iso_8601"),
             ("extra_float_digits", "1"),
             ("bytea_output", "hex"),
         ];

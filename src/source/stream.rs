@@ -14,6 +14,7 @@ use std::sync::Arc;
 use tokio::sync::{Notify, mpsc};
 
 use crate::envelope::{Change, Op, RowSet, TableRef, table_hash};
+use crate::source::catalog::{ColumnType, Render, TypeCatalog};
 use crate::source::pgoutput::{self, ColumnValue, LogicalMessage, OldTuple, Relation, TupleData};
 use crate::source::replication::{ReplicationMessage, ReplicationStream};
 use crate::source::types;
@@ -33,12 +34,24 @@ pub enum SourceEvent {
     Keepalive {
         wal_end: u64,
     },
+    /// A table's shape as of the changes that follow (sent by the server
+    /// before the first change of a table in a session, and after DDL).
+    Schema(SchemaRecord),
+}
+
+/// A table's columns, types, key and replica identity, as JSON members
+/// (`"columns":[...],"replica_identity":"..."`): the same shape always gives
+/// the same bytes, so the pipeline can tell versions apart by content.
+#[derive(Debug, Clone)]
+pub struct SchemaRecord {
+    pub table: Arc<TableRef>,
+    pub members: String,
 }
 
 struct ColumnInfo {
     /// `"name":` ready to append.
     key_json: Vec<u8>,
-    type_oid: u32,
+    render: Render,
     is_key: bool,
 }
 
@@ -58,6 +71,8 @@ struct Txn {
 /// The stateful part of the source: relations and the open transaction.
 pub struct Decoder {
     relations: HashMap<u32, RelationInfo>,
+    /// Column types resolved for the next Relation message of each relation.
+    resolved: HashMap<u32, Vec<Arc<ColumnType>>>,
     /// Transactions committed before this LSN were already confirmed.
     skip_before: u64,
     txn: Option<Txn>,
@@ -67,6 +82,7 @@ impl Decoder {
     pub fn new(skip_before: u64) -> Self {
         Decoder {
             relations: HashMap::new(),
+            resolved: HashMap::new(),
             skip_before,
             txn: None,
         }
@@ -119,7 +135,10 @@ impl Decoder {
                 }
             }
             LogicalMessage::Relation(rel) => {
-                self.relations.insert(rel.rel_id, relation_info(&rel));
+                let types = self.resolved.remove(&rel.rel_id).unwrap_or_default();
+                let (info, schema) = relation_info(&rel, &types);
+                out.push(SourceEvent::Schema(schema));
+                self.relations.insert(rel.rel_id, info);
             }
             LogicalMessage::Insert { rel_id, new } => {
                 self.change(rel_id, out, |rel| {
@@ -226,27 +245,63 @@ fn protocol(what: &str) -> Error {
     )
 }
 
-fn relation_info(rel: &Relation) -> RelationInfo {
+impl Decoder {
+    /// Gives the resolved types of a Relation message's columns, before the
+    /// message itself is handled (resolution is async; handling is not).
+    pub fn set_types(&mut self, rel_id: u32, types: Vec<Arc<ColumnType>>) {
+        self.resolved.insert(rel_id, types);
+    }
+}
+
+fn relation_info(rel: &Relation, types: &[Arc<ColumnType>]) -> (RelationInfo, SchemaRecord) {
+    let table = Arc::new(TableRef::new(&rel.namespace, &rel.name));
+    let mut members = String::from("\"columns\":[");
     let columns: Vec<ColumnInfo> = rel
         .columns
         .iter()
-        .map(|c| {
+        .enumerate()
+        .map(|(i, c)| {
             let mut key_json = Vec::with_capacity(c.name.len() + 3);
             types::write_json_str(&mut key_json, &c.name);
+            let (type_name, render) = match types.get(i) {
+                Some(t) => (t.name.clone(), t.render),
+                None => (format!("oid:{}", c.type_oid), Render::Builtin(c.type_oid)),
+            };
+            if i > 0 {
+                members.push(',');
+            }
+            members.push_str(&format!(
+                "{{\"name\":{},\"type\":{},\"type_oid\":{},\"type_modifier\":{},\"key\":{}}}",
+                String::from_utf8_lossy(&key_json),
+                serde_json::Value::from(type_name),
+                c.type_oid,
+                c.type_modifier,
+                c.is_key()
+            ));
             key_json.push(b':');
             ColumnInfo {
                 key_json,
-                type_oid: c.type_oid,
+                render,
                 is_key: c.is_key(),
             }
         })
         .collect();
+    let identity = match rel.replica_identity {
+        b'f' => "full",
+        b'i' => "index",
+        b'n' => "nothing",
+        _ => "default",
+    };
+    members.push_str(&format!("],\"replica_identity\":\"{identity}\""));
     let has_key = columns.iter().any(|c| c.is_key);
-    RelationInfo {
-        table: Arc::new(TableRef::new(&rel.namespace, &rel.name)),
-        columns,
-        has_key,
-    }
+    (
+        RelationInfo {
+            table: table.clone(),
+            columns,
+            has_key,
+        },
+        SchemaRecord { table, members },
+    )
 }
 
 /// The row as a JSON object in column order. An unchanged TOASTed value is
@@ -268,7 +323,7 @@ fn row_json(rel: &RelationInfo, tuple: &TupleData, key_only: bool) -> Vec<u8> {
         first = false;
         out.extend_from_slice(&col.key_json);
         match value {
-            ColumnValue::Text(text) => types::write_json(&mut out, col.type_oid, text),
+            ColumnValue::Text(text) => col.render.write(&mut out, text),
             ColumnValue::Binary(bytes) => {
                 // Never requested (we ask for text); kept faithful if it comes.
                 use base64::Engine;
@@ -305,6 +360,7 @@ fn row_hash(rel: &RelationInfo, tuple: &TupleData) -> u64 {
 pub async fn run(
     mut stream: ReplicationStream,
     mut decoder: Decoder,
+    mut catalog: TypeCatalog,
     tx: mpsc::Sender<SourceEvent>,
     reply: Arc<Notify>,
 ) -> Result<()> {
@@ -326,6 +382,16 @@ pub async fn run(
         } = msg
         {
             reply.notify_one();
+        }
+        if let ReplicationMessage::XLogData { data, .. } = &msg
+            && data.first() == Some(&b'R')
+            && let LogicalMessage::Relation(rel) = pgoutput::decode(data.clone())?
+        {
+            let mut types = Vec::with_capacity(rel.columns.len());
+            for c in &rel.columns {
+                types.push(catalog.resolve(c.type_oid, c.type_modifier).await);
+            }
+            decoder.set_types(rel.rel_id, types);
         }
         decoder.handle(msg, &mut events)?;
         for ev in events.drain(..) {

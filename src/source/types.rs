@@ -1,7 +1,7 @@
 //! Converts column values in Postgres text output format to JSON.
 //!
 //! Assumes the session settings waltail sets: `DateStyle=ISO`,
-//! `TimeZone=UTC`, `IntervalStyle=postgres`, `bytea_output=hex`,
+//! `TimeZone=UTC`, `IntervalStyle=iso_8601`, `bytea_output=hex`,
 //! `extra_float_digits=1`.
 //!
 //! Guarantees of [`write_json`], for any input bytes and any type OID:
@@ -115,6 +115,122 @@ pub fn array_element_type(oid: u32) -> Option<u32> {
         JSONB_ARRAY => JSONB,
         _ => return None,
     })
+}
+
+/// Every type OID below this is built into Postgres (FirstNormalObjectId);
+/// user-defined types (enums, domains, composites, extension types) are above.
+pub const FIRST_NORMAL_OID: u32 = 16384;
+
+/// The array type of a supported element type (the inverse of [`array_element_type`]).
+pub fn array_type_of(elem: u32) -> Option<u32> {
+    const ARRAYS: [u32; 22] = [
+        JSON_ARRAY,
+        BOOL_ARRAY,
+        BYTEA_ARRAY,
+        CHAR_ARRAY,
+        NAME_ARRAY,
+        INT2_ARRAY,
+        INT4_ARRAY,
+        TEXT_ARRAY,
+        BPCHAR_ARRAY,
+        VARCHAR_ARRAY,
+        INT8_ARRAY,
+        FLOAT4_ARRAY,
+        FLOAT8_ARRAY,
+        OID_ARRAY,
+        TIMESTAMP_ARRAY,
+        DATE_ARRAY,
+        TIME_ARRAY,
+        TIMESTAMPTZ_ARRAY,
+        NUMERIC_ARRAY,
+        TIMETZ_ARRAY,
+        UUID_ARRAY,
+        JSONB_ARRAY,
+    ];
+    ARRAYS
+        .into_iter()
+        .find(|&a| array_element_type(a) == Some(elem))
+}
+
+/// Appends an hstore value (`"a"=>"1", "b"=>NULL`) as a JSON object of
+/// strings and nulls; anything unparseable becomes a JSON string of the text.
+pub fn write_hstore(out: &mut Vec<u8>, text: &[u8]) {
+    let start = out.len();
+    if parse_hstore(out, text).is_none() {
+        out.truncate(start);
+        write_text_str(out, text);
+    }
+}
+
+fn parse_hstore(out: &mut Vec<u8>, text: &[u8]) -> Option<()> {
+    // One quoted hstore token, unescaping \" and \\.
+    fn token(text: &[u8], i: &mut usize) -> Option<Vec<u8>> {
+        if text.get(*i) != Some(&b'"') {
+            return None;
+        }
+        *i += 1;
+        let mut v = Vec::new();
+        loop {
+            match *text.get(*i)? {
+                b'"' => {
+                    *i += 1;
+                    return Some(v);
+                }
+                b'\\' => {
+                    v.push(*text.get(*i + 1)?);
+                    *i += 2;
+                }
+                c => {
+                    v.push(c);
+                    *i += 1;
+                }
+            }
+        }
+    }
+    let skip_ws = |i: &mut usize| {
+        while text.get(*i).is_some_and(|c| c.is_ascii_whitespace()) {
+            *i += 1;
+        }
+    };
+    let mut i = 0;
+    let mut first = true;
+    let mut wrote_any = false;
+    out.push(b'{');
+    skip_ws(&mut i);
+    while i < text.len() {
+        if !first {
+            if text.get(i) != Some(&b',') {
+                return None;
+            }
+            i += 1;
+            skip_ws(&mut i);
+        }
+        first = false;
+        let key = token(text, &mut i)?;
+        skip_ws(&mut i);
+        if text.get(i..i + 2) != Some(b"=>") {
+            return None;
+        }
+        i += 2;
+        skip_ws(&mut i);
+        if !wrote_any {
+            wrote_any = true;
+        } else {
+            out.push(b',');
+        }
+        write_json_str(out, std::str::from_utf8(&key).ok()?);
+        out.push(b':');
+        if text.get(i..i + 4) == Some(b"NULL") {
+            i += 4;
+            out.extend_from_slice(b"null");
+        } else {
+            let value = token(text, &mut i)?;
+            write_json_str(out, std::str::from_utf8(&value).ok()?);
+        }
+        skip_ws(&mut i);
+    }
+    out.push(b'}');
+    Some(())
 }
 
 /// Appends the JSON form of one column value, given in Postgres text output format, to `out`.
@@ -773,6 +889,36 @@ fn write_array(out: &mut Vec<u8>, elem: u32, text: &[u8]) -> Option<()> {
     }
     ws(&mut i);
     (i == n).then_some(())
+}
+
+#[cfg(test)]
+mod hstore_tests {
+    use super::*;
+
+    /// Renders after existing output, as inside a row object.
+    fn hstore(text: &str) -> String {
+        let mut out = b"{\"h\":".to_vec();
+        write_hstore(&mut out, text.as_bytes());
+        let s = String::from_utf8(out[5..].to_vec()).unwrap();
+        out.push(b'}');
+        serde_json::from_slice::<serde_json::Value>(&out).expect("valid JSON");
+        s
+    }
+
+    #[test]
+    fn hstore_becomes_an_object_of_strings_and_nulls() {
+        assert_eq!(hstore(r#""a"=>"1", "b"=>NULL"#), r#"{"a":"1","b":null}"#);
+        assert_eq!(hstore(r#""q\"k"=>"x\\y""#), r#"{"q\"k":"x\\y"}"#);
+        assert_eq!(hstore(""), "{}");
+        assert_eq!(hstore("garbage"), r#""garbage""#);
+    }
+
+    #[test]
+    fn array_types_invert_element_types() {
+        assert_eq!(array_type_of(INT4), Some(INT4_ARRAY));
+        assert_eq!(array_type_of(TEXT), Some(TEXT_ARRAY));
+        assert_eq!(array_type_of(12345), None);
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# End-to-end throughput and latency of `waltail run` against the raw ceiling,
+# on one machine:
+#   1. three backlogs, each written while nothing consumes it, then drained
+#      twice from its own slots: by pg_recvlogical (pgoutput to /dev/null: the
+#      ceiling, Postgres's own decoding and sending) and by `waltail run` into
+#      SeaweedFS (decode, JSON, batch, PUT, confirm):
+#        a. one transaction of 1,000,000 inserts
+#        b. 100,000 transactions of 10 inserts
+#        c. 300,000 transactions of one update
+#      prints changes/s for both, the ratio and waltail's peak RSS (VmHWM);
+#   2. commit-to-object latency: pgbench drives LAT_RATE one-row transactions/s
+#      (default 2000) for LAT_SECONDS (default 30) into a streaming waltail
+#      writing to a local folder; each row carries clock_timestamp() at insert,
+#      each object's arrival is its file's mtime (the object is written to a
+#      staging file and renamed); prints p50/p99/max.
+# Uses its own Postgres (port 55480) and SeaweedFS (ports 18600-18609), so it
+# can run beside the tests (not beside another benchmark); stops both by pid
+# at the end.
+# Usage: scripts/bench-e2e.sh                      (release build; ~10 min)
+#        SCALE=0.1 LAT_SECONDS=10 scripts/bench-e2e.sh   (quick check)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SCALE=${SCALE:-1}
+LAT_RATE=${LAT_RATE:-2000}
+LAT_SECONDS=${LAT_SECONDS:-30}
+scaled() { awk -v n="$1" -v s="$SCALE" 'BEGIN { v = int(n * s); print (v < 1 ? 1 : v) }'; }
+ROWS_A=$(scaled 1000000)     # a: rows in the one transaction
+TX_B=$(scaled 100000)        # b: transactions of 10 rows
+UPD_C=$(scaled 300000)       # c: one-row update transactions (rows 1..UPD_C of a)
+base=${TMPDIR:-/tmp}
+export PG_ROOT=$base/waltail-bench-e2e-pg PG_PORT=55480
+export S3_ROOT=$base/waltail-bench-e2e-s3 S3_PORT_BASE=18600
+work=$(mktemp -d)
+PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)}
+wt= bg=   # the running waltail and pg_recvlogical/pgbench, if any
+cleanup() {
+  for p in $wt $bg; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  scripts/s3-stop.sh >/dev/null 2>&1 || true
+  scripts/pg-stop.sh >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+cargo build --release --quiet
+bin=${CARGO_TARGET_DIR:-target}/release/waltail
+url=$(scripts/pg-start.sh)
+scripts/s3-start.sh >/dev/null
+psql() { "$PG_BIN/psql" -X -q -t -A -v ON_ERROR_STOP=1 "$url" "$@"; }
+psql -c "ALTER SYSTEM SET logical_decoding_work_mem = '1GB'" -c "SELECT pg_reload_conf()" >/dev/null
+psql -c "CREATE TABLE bench (id bigint PRIMARY KEY, payload text, n int, at timestamptz DEFAULT now())" \
+     -c "CREATE PUBLICATION bench_pub FOR TABLE bench"
+
+export WALTAIL_SOURCE_URL=$url
+export WALTAIL_DESTINATION_TYPE=s3 WALTAIL_DESTINATION_BUCKET=waltail-test
+export WALTAIL_DESTINATION_ENDPOINT=http://127.0.0.1:$S3_PORT_BASE WALTAIL_DESTINATION_USE_PATH_STYLE=true
+export WALTAIL_DESTINATION_ACCESS_KEY_ID=waltail-test-key WALTAIL_DESTINATION_SECRET_ACCESS_KEY=waltail-test-secret
+
+now() { date +%s.%N; }
+# Waits (server side, 20 ms steps, one connection) until the slot has
+# confirmed everything up to $2.
+wait_confirmed() {
+  psql -c "DO \$\$ BEGIN
+    WHILE coalesce((SELECT confirmed_flush_lsn < '$2' FROM pg_replication_slots WHERE slot_name = '$1'), true) LOOP
+      PERFORM pg_sleep(0.02);
+    END LOOP; END \$\$"
+}
+hwm() { awk '/VmHWM/ {printf "%.1f MB", $2/1024}' "/proc/$1/status"; }
+# Changes waltail archived so far in a pipeline (its seq counter), once stopped.
+archived() {
+  python3 -c 'import sqlite3, sys
+db = sqlite3.connect("file:" + sys.argv[1] + "?mode=ro", uri=True)
+print(db.execute("SELECT next_seq - 1 FROM cursor WHERE id = 1").fetchone()[0])' "$1"
+}
+rate() { awk -v n="$1" -v t="$2" 'BEGIN { printf "%.0f", n / t }'; }
+# Starts `waltail run` for pipeline $1 in the background (pid in $wt, log
+# $work/$1.log, appended) and waits for it to stream.
+streamed() { cat "$1" 2>/dev/null | grep -c streaming || true; }
+start_waltail() {
+  local log=$work/$1.log
+  local before; before=$(streamed "$log")
+  WALTAIL_PIPELINE=$1 WALTAIL_STATE_DIR=$work/state-$1 "$bin" run 2>>"$log" &
+  wt=$!
+  until [ "$(streamed "$log")" -gt "$before" ]; do
+    kill -0 "$wt" 2>/dev/null || { cat "$log" >&2; exit 1; }
+    sleep 0.05
+  done
+}
+stop_waltail() { kill -INT "$wt"; wait "$wt"; wt=; }
+
+table=()
+# backlog NAME LABEL CHANGES SQL...: the SQL (run in one session with
+# synchronous_commit off) writes the backlog.
+backlog() {
+  local name=$1 label=$2 changes=$3; shift 3
+  echo "== $label ($changes changes)"
+  export WALTAIL_SOURCE_TABLES=public.bench WALTAIL_SOURCE_PUBLICATION=bench_pub
+  export WALTAIL_SOURCE_SLOT=wt_$name WALTAIL_DESTINATION_PREFIX=$name
+  psql -c "SELECT pg_create_logical_replication_slot('ceiling_$name', 'pgoutput')" >/dev/null
+  # waltail's slot is created by waltail itself, so that its state knows it.
+  start_waltail "e2e_$name"; stop_waltail
+
+  local t0 t1; t0=$(now)
+  psql -c "SET synchronous_commit = off" "$@"
+  t1=$(now)
+  psql -c "CHECKPOINT" >/dev/null
+  local end; end=$(psql -c "SELECT pg_current_wal_lsn()")
+  echo "   written in $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s; WAL end $end"
+
+  t0=$(now)
+  "$PG_BIN/pg_recvlogical" -d "$url" --slot "ceiling_$name" --start --plugin=pgoutput \
+    -o proto_version=1 -o publication_names=bench_pub -f /dev/null --endpos "$end" &
+  bg=$!; wait "$bg"; bg=
+  t1=$(now)
+  local ceil_t; ceil_t=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+  psql -c "SELECT pg_drop_replication_slot('ceiling_$name')" >/dev/null
+
+  t0=$(now)
+  start_waltail "e2e_$name"
+  wait_confirmed "wt_$name" "$end"
+  t1=$(now)
+  local peak; peak=$(hwm "$wt")
+  stop_waltail
+  local wt_t; wt_t=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+  local got; got=$(archived "$work/state-e2e_$name/e2e_$name.sqlite")
+  [ "$got" = "$changes" ] || echo "   WARNING: waltail archived $got changes, expected $changes"
+  psql -c "SELECT pg_drop_replication_slot('wt_$name')" >/dev/null
+
+  local c w; c=$(rate "$changes" "$ceil_t"); w=$(rate "$changes" "$wt_t")
+  printf '   pg_recvlogical %.2f s = %s changes/s; waltail %.2f s = %s changes/s (%s archived); peak RSS %s\n' \
+    "$ceil_t" "$c" "$wt_t" "$w" "$got" "$peak"
+  table+=("$(printf '%-30s | %24s | %17s | %5s | %s' "$label" "$c" "$w" \
+    "$(awk -v a="$w" -v b="$c" 'BEGIN { printf "%.2f", a / b }')" "$peak")")
+}
+
+backlog a "a. 1 tx x $ROWS_A inserts" "$ROWS_A" \
+  -c "INSERT INTO bench SELECT g, md5(g::text) || md5((g+1)::text), g FROM generate_series(1, $ROWS_A) g"
+backlog b "b. $TX_B tx x 10 inserts" "$((TX_B * 10))" \
+  -c "DO \$\$ BEGIN FOR t IN 0..$((TX_B - 1)) LOOP
+        INSERT INTO bench SELECT g, md5(g::text) || md5((g+1)::text), g
+          FROM generate_series($ROWS_A + 1 + t * 10, $ROWS_A + 10 + t * 10) g;
+        COMMIT;
+      END LOOP; END \$\$"
+backlog c "c. $UPD_C tx x 1 update" "$UPD_C" \
+  -c "DO \$\$ BEGIN FOR i IN 1..$UPD_C LOOP
+        UPDATE bench SET n = n + 1 WHERE id = i;
+        COMMIT;
+      END LOOP; END \$\$"
+
+echo "== latency: $LAT_RATE one-row tx/s for $LAT_SECONDS s, destination a local folder"
+psql -c "CREATE TABLE lat (id bigserial PRIMARY KEY, at timestamptz NOT NULL)"
+unset WALTAIL_SOURCE_PUBLICATION WALTAIL_DESTINATION_PREFIX \
+  WALTAIL_DESTINATION_BUCKET WALTAIL_DESTINATION_ENDPOINT WALTAIL_DESTINATION_USE_PATH_STYLE \
+  WALTAIL_DESTINATION_ACCESS_KEY_ID WALTAIL_DESTINATION_SECRET_ACCESS_KEY
+export WALTAIL_SOURCE_TABLES=public.lat WALTAIL_SOURCE_SLOT=wt_lat WALTAIL_DESTINATION_TYPE=file WALTAIL_DESTINATION_PATH=$work/lat-archive
+start_waltail e2e_lat
+echo "INSERT INTO lat (at) VALUES (clock_timestamp());" >"$work/lat.sql"
+"$PG_BIN/pgbench" -n -f "$work/lat.sql" -R "$LAT_RATE" -T "$LAT_SECONDS" -c 8 -j 2 "$url" >"$work/pgbench.out" 2>&1 &
+bg=$!; wait "$bg"; bg=
+wait_confirmed wt_lat "$(psql -c "SELECT pg_current_wal_lsn()")"
+lat_peak=$(hwm "$wt")
+stop_waltail
+rows=$(psql -c "SELECT count(*) FROM lat")
+tps=$(awk '/^tps/ { printf "%.0f", $3 }' "$work/pgbench.out")
+lat=$(python3 - "$work/lat-archive" "$rows" <<'PY'
+import datetime, json, os, sys
+root, rows = sys.argv[1], int(sys.argv[2])
+lat = []
+for d, _, files in os.walk(root):
+    for f in files:
+        if not f.endswith(".ndjson"):
+            continue
+        p = os.path.join(d, f)
+        arrived = os.stat(p).st_mtime_ns / 1e9
+        with open(p) as fh:
+            for line in fh:
+                at = datetime.datetime.fromisoformat(json.loads(line)["data"]["at"]).timestamp()
+                lat.append(arrived - at)
+lat.sort()
+pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000
+note = "" if len(lat) == rows else f" (WARNING: {len(lat)} lines for {rows} rows)"
+print(f"p50 {pct(0.50):.0f} ms, p99 {pct(0.99):.0f} ms, max {lat[-1] * 1000:.0f} ms over {len(lat)} changes{note}")
+PY
+)
+
+echo
+echo "== summary (SCALE=$SCALE, $(nproc) cores, $("$PG_BIN/postgres" --version | awk '{print $3}'), batch_size ${WALTAIL_DELIVERY_BATCH_SIZE:-100}, max_in_flight ${WALTAIL_DELIVERY_MAX_IN_FLIGHT:-4})"
+printf '%-30s | %24s | %17s | %5s | %s\n' backlog "pg_recvlogical changes/s" "waltail changes/s" ratio "waltail peak RSS"
+for row in "${table[@]}"; do echo "$row"; done
+echo "latency at $tps tx/s (target $LAT_RATE) for $LAT_SECONDS s, commit to object (file mtime): $lat; peak RSS $lat_peak"

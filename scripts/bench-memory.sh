@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Peak memory (VmHWM) of `waltail run` in the two situations that could make
+# it grow without bound, each on a fresh process:
+#   1. archiving one transaction of ROWS rows (default 1,000,000);
+#   2. the store hung (SeaweedFS SIGSTOPped) for DOWN seconds (default 180)
+#      under a steady write load of RATE rows/s (default 500), then resumed.
+# Uses its own Postgres (port 55470) and SeaweedFS (ports 18500-18509), so it
+# can run beside the tests; stops both by pid at the end.
+# Usage: scripts/bench-memory.sh            (release build; takes ~10 min)
+#        ROWS=200000 DOWN=30 scripts/bench-memory.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROWS=${ROWS:-1000000}
+DOWN=${DOWN:-180}
+RATE=${RATE:-500}
+base=${TMPDIR:-/tmp}
+export PG_ROOT=$base/waltail-bench-pg PG_PORT=55470
+export S3_ROOT=$base/waltail-bench-s3 S3_PORT_BASE=18500
+work=$(mktemp -d)
+PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)}
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
+  [ -f "$S3_ROOT/weed.pid" ] && kill -CONT "$(cat "$S3_ROOT/weed.pid")" 2>/dev/null || true
+  scripts/s3-stop.sh >/dev/null 2>&1 || true
+  scripts/pg-stop.sh >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+cargo build --release --quiet
+bin=${CARGO_TARGET_DIR:-target}/release/waltail
+url=$(scripts/pg-start.sh)
+scripts/s3-start.sh >/dev/null
+psql() { "$PG_BIN/psql" -X -q -t -A -v ON_ERROR_STOP=1 "$url" "$@"; }
+psql -c "ALTER SYSTEM SET logical_decoding_work_mem = '1GB'" -c "SELECT pg_reload_conf()" >/dev/null
+psql -c "CREATE TABLE bench (id bigint PRIMARY KEY, payload text, n int, at timestamptz DEFAULT now())"
+
+export WALTAIL_SOURCE_URL=$url WALTAIL_SOURCE_TABLES=public.bench
+export WALTAIL_DESTINATION_TYPE=s3 WALTAIL_DESTINATION_BUCKET=waltail-test
+export WALTAIL_DESTINATION_ENDPOINT=http://127.0.0.1:$S3_PORT_BASE WALTAIL_DESTINATION_USE_PATH_STYLE=true
+export WALTAIL_DESTINATION_ACCESS_KEY_ID=waltail-test-key WALTAIL_DESTINATION_SECRET_ACCESS_KEY=waltail-test-secret
+export WALTAIL_STATE_DIR=$work/state
+
+# Waits until the slot has confirmed everything written so far.
+caught_up() {
+  local target; target=$(psql -c "SELECT pg_current_wal_lsn()")
+  until [ "$(psql -c "SELECT confirmed_flush_lsn >= '$target' FROM pg_replication_slots WHERE slot_name = 'waltail_$1'")" = t ]; do
+    sleep 0.2
+  done
+}
+hwm() { awk '/VmHWM/ {printf "%.1f MB", $2/1024}' "/proc/$1/status"; }
+
+echo "== 1. one transaction of $ROWS rows"
+WALTAIL_PIPELINE=bigtx WALTAIL_DESTINATION_PREFIX=bigtx "$bin" run 2>"$work/bigtx.log" &
+pid=$!; pids+=("$pid")
+until grep -q streaming "$work/bigtx.log"; do sleep 0.1; done
+start=$(date +%s.%N)
+psql -c "INSERT INTO bench SELECT g, md5(g::text) || md5((g+1)::text), g FROM generate_series(1, $ROWS) g"
+committed=$(date +%s.%N)
+caught_up bigtx
+done_at=$(date +%s.%N)
+echo "   insert took $(echo "$committed - $start" | bc) s; archived $(echo "$done_at - $committed" | bc) s after commit"
+echo "   => $(echo "$ROWS / ($done_at - $start)" | bc) changes/s from BEGIN; peak RSS $(hwm "$pid")"
+kill -INT "$pid"; wait "$pid"
+
+echo "== 2. store hung for $DOWN s under $RATE rows/s"
+WALTAIL_PIPELINE=down WALTAIL_DESTINATION_PREFIX=down "$bin" run 2>"$work/down.log" &
+pid=$!; pids+=("$pid")
+until grep -q streaming "$work/down.log"; do sleep 0.1; done
+weed=$(cat "$S3_ROOT/weed.pid")
+kill -STOP "$weed"
+end=$(( $(date +%s) + DOWN )); next_id=$((ROWS + 1)); written=0
+while [ "$(date +%s)" -lt "$end" ]; do
+  psql -c "INSERT INTO bench SELECT g, 'steady', g FROM generate_series($next_id, $((next_id + RATE / 10 - 1))) g"
+  next_id=$((next_id + RATE / 10)); written=$((written + RATE / 10))
+  sleep 0.1
+done
+echo "   wrote $written rows while the store hung; peak RSS so far $(hwm "$pid")"
+kill -CONT "$weed"
+resumed=$(date +%s.%N)
+caught_up down
+echo "   caught up $(echo "$(date +%s.%N) - $resumed" | bc) s after the store resumed (the next retry is up to a backoff away)"
+echo "   peak RSS $(hwm "$pid"); parked batches: $("$bin" --config /dev/null parked list 2>/dev/null | grep -c parked || true)"
+kill -INT "$pid"; wait "$pid"
