@@ -43,9 +43,20 @@ pub async fn ensure_publication(client: &Client, source: &SourceConfig) -> Resul
         .map_err(|e| Error::postgres("looking up the publication", e))?;
     match existing {
         None => {
+            // Changes to partitions carry the partitioned table's name (13+).
+            let version: i32 = client
+                .query_one("SELECT current_setting('server_version_num')::int", &[])
+                .await
+                .map_err(|e| Error::postgres("reading the server version", e))?
+                .get(0);
+            let with = if version >= 130000 {
+                " WITH (publish_via_partition_root = true)"
+            } else {
+                ""
+            };
             client
                 .batch_execute(&format!(
-                    "CREATE PUBLICATION {pubname} FOR TABLE {table_list}"
+                    "CREATE PUBLICATION {pubname} FOR TABLE {table_list}{with}"
                 ))
                 .await
                 .map_err(|e| Error::postgres(format!("creating publication {pubname}"), e))?;

@@ -163,9 +163,13 @@ impl Decoder {
                             (Some(row_json(rel, t, false)), Some(row_hash(rel, t)))
                         }
                     };
+                    let before = match &old {
+                        Some(OldTuple::Full(t)) => Some(t),
+                        _ => None,
+                    };
                     Ok((
                         Op::Update,
-                        Some(row_json(rel, &new, false)),
+                        Some(row_json_with(rel, &new, false, before)),
                         old_json,
                         new_hash,
                         old_hash,
@@ -307,13 +311,28 @@ fn relation_info(rel: &Relation, types: &[Arc<ColumnType>]) -> (RelationInfo, Sc
 /// The row as a JSON object in column order. An unchanged TOASTed value is
 /// left out (key absent, not null): the server did not send it.
 fn row_json(rel: &RelationInfo, tuple: &TupleData, key_only: bool) -> Vec<u8> {
+    row_json_with(rel, tuple, key_only, None)
+}
+
+/// [`row_json`], taking unchanged TOASTed values from `before` (the old row
+/// sent with REPLICA IDENTITY FULL) when it has them.
+fn row_json_with(
+    rel: &RelationInfo,
+    tuple: &TupleData,
+    key_only: bool,
+    before: Option<&TupleData>,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + tuple.0.len() * 16);
     out.push(b'{');
     let mut first = true;
-    for (col, value) in rel.columns.iter().zip(&tuple.0) {
+    for (i, (col, value)) in rel.columns.iter().zip(&tuple.0).enumerate() {
         if key_only && rel.has_key && !col.is_key {
             continue;
         }
+        let value = match (value, before.and_then(|b| b.0.get(i))) {
+            (ColumnValue::UnchangedToast, Some(old)) => old,
+            _ => value,
+        };
         if matches!(value, ColumnValue::UnchangedToast) {
             continue;
         }

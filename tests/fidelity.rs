@@ -1,0 +1,409 @@
+//! What Postgres committed is what the archive holds: every type's JSON form,
+//! unchanged TOAST, replica identities, TRUNCATE, partitions, schema records
+//! and DDL. Real Postgres, the real binary, the local-folder destination.
+
+#![recursion_limit = "256"]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+/// Starts a pipeline on `tables`, runs `sql` (after streaming began), waits
+/// until `n` changes are archived and returns them (contract-checked).
+async fn archive_of(db: &TestDb, tables: &str, sql: &[&str], n: usize) -> (Waltail, Vec<Value>) {
+    let pipeline = unique("fid").replace('_', "-");
+    let mut w = Waltail::new(db, &pipeline, tables);
+    w.start();
+    for s in sql {
+        db.exec(s).await;
+    }
+    let root = w.dir.path().join("waltail-archive");
+    let start = std::time::Instant::now();
+    let changes = loop {
+        let changes = checked_changes(&file_objects(&root), None, &pipeline);
+        if changes.len() >= n {
+            break changes;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "only {} of {n} changes:\n{}",
+            changes.len(),
+            w.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(changes.len(), n, "{changes:#?}");
+    w.stop();
+    (w, changes)
+}
+
+#[tokio::test]
+async fn every_type_has_its_documented_json_form() {
+    let db = TestDb::new("types").await;
+    db.exec(
+        "CREATE EXTENSION IF NOT EXISTS hstore;
+         CREATE TYPE mood AS ENUM ('sad', 'happy');
+         CREATE DOMAIN posint AS integer CHECK (VALUE > 0);
+         CREATE TYPE pair AS (a int, b text);
+         CREATE TABLE ty (
+           id int PRIMARY KEY, i2 smallint, i4 integer, i8 bigint, f4 real, f8 double precision,
+           f8nan double precision, f8inf double precision, num numeric, num_big numeric, num_nan numeric,
+           money money, b boolean, t text, vc varchar(10), ch char(3), by bytea, u uuid, j json, jb jsonb,
+           d date, dinf date, tm time, tmz timetz, ts timestamp, tstz timestamptz, tsinf timestamptz,
+           iv interval, ip inet, cidr cidr, mac macaddr, m mood, dom posint, comp pair, r int4range,
+           h hstore, tsv tsvector, x xml, bits bit(4), vbits varbit, o oid, pt point, bx box,
+           arr2 int[][], tarr text[], earr mood[], domarr posint[], jarr jsonb[], tsarr timestamptz[]
+         )",
+    )
+    .await;
+    let insert = r#"INSERT INTO ty VALUES (1, -32768, 2147483647, 9223372036854775807, 1.5, 0.1,
+        'NaN', '-Infinity', 19.990, 123456789012345678901234.5, 'NaN',
+        12.34, true, E'a"b\\c\nd', 'ünï', 'ab', '\xdeadbeef', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
+        '{"a": 1, "b": [true, null]}', '{"b": 2, "a": "x"}',
+        '2024-02-29', 'infinity', '13:14:15.5', '13:14:15+02', '2024-03-01 12:34:56.789',
+        '2024-03-01 12:34:56.789+05:30', 'infinity',
+        '1 year 2 mons 3 days 04:05:06.5', '192.168.0.1/24', '10.0.0.0/8', '08:00:2b:01:02:03',
+        'happy', 5, ROW(1, 'x y'), '[1,5)', 'a=>1, b=>NULL', 'a fat cat', '<a>1</a>', B'1010', B'101',
+        12345, '(1,2)', '((0,0),(1,1))', '{{1,2},{3,NULL}}', '{"a b","NULL",NULL,"q\"uote"}',
+        '{sad,happy}', '{1,2}', ARRAY['{"k": 1}'::jsonb, NULL], ARRAY['2024-01-01 00:00:00+00'::timestamptz])"#;
+    let (_w, changes) = archive_of(
+        &db,
+        "public.ty",
+        &[insert, "INSERT INTO ty (id) VALUES (2)"],
+        2,
+    )
+    .await;
+    let data = &changes[0]["data"];
+    let expected = json!({
+        "id": 1, "i2": -32768, "i4": 2147483647, "i8": 9223372036854775807_i64,
+        "f4": 1.5, "f8": 0.1, "f8nan": "NaN", "f8inf": "-Infinity",
+        "num": 19.99, "num_big": "123456789012345678901234.5", "num_nan": "NaN",
+        "money": "$12.34", "b": true, "t": "a\"b\\c\nd", "vc": "ünï", "ch": "ab ",
+        "by": "3q2+7w==", "u": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+        "j": {"a": 1, "b": [true, null]}, "jb": {"a": "x", "b": 2},
+        "d": "2024-02-29", "dinf": "infinity", "tm": "13:14:15.5", "tmz": "13:14:15+02",
+        "ts": "2024-03-01T12:34:56.789", "tstz": "2024-03-01T07:04:56.789+00:00", "tsinf": "infinity",
+        "iv": "P1Y2M3DT4H5M6.5S", "ip": "192.168.0.1/24", "cidr": "10.0.0.0/8", "mac": "08:00:2b:01:02:03",
+        "m": "happy", "dom": 5, "comp": "(1,\"x y\")", "r": "[1,5)", "h": {"a": "1", "b": null},
+        "tsv": "'a' 'cat' 'fat'", "x": "<a>1</a>", "bits": "1010", "vbits": "101", "o": 12345,
+        "pt": "(1,2)", "bx": "(1,1),(0,0)", "arr2": [[1, 2], [3, null]],
+        "tarr": ["a b", "NULL", null, "q\"uote"], "earr": ["sad", "happy"], "domarr": [1, 2],
+        "jarr": [{"k": 1}, null], "tsarr": ["2024-01-01T00:00:00+00:00"]
+    });
+    for (k, v) in expected.as_object().unwrap() {
+        assert_eq!(&data[k], v, "column {k}");
+    }
+    assert_eq!(
+        data.as_object().unwrap().len(),
+        expected.as_object().unwrap().len()
+    );
+    // A row of NULLs: every column present, null.
+    let nulls = &changes[1]["data"];
+    assert!(
+        nulls
+            .as_object()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| k == "id" || v.is_null()),
+        "{nulls}"
+    );
+    assert_eq!(
+        nulls.as_object().unwrap().len(),
+        expected.as_object().unwrap().len()
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn numeric_text_is_written_verbatim() {
+    let db = TestDb::new("numeric").await;
+    db.exec("CREATE TABLE n (id int PRIMARY KEY, v numeric)")
+        .await;
+    let pipeline = unique("num").replace('_', "-");
+    let mut w = Waltail::new(&db, &pipeline, "public.n");
+    w.start();
+    db.exec("INSERT INTO n VALUES (1, 19.990), (2, -0.000001), (3, 1234567890.12345)")
+        .await;
+    let root = w.dir.path().join("waltail-archive");
+    let start = std::time::Instant::now();
+    let body = loop {
+        let body: String = file_objects(&root)
+            .iter()
+            .filter(|o| o.key.ends_with(".ndjson"))
+            .map(|o| o.body.clone())
+            .collect();
+        if body.lines().count() == 3 {
+            break body;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(body.contains(r#""v":19.990}"#), "{body}");
+    assert!(body.contains(r#""v":-0.000001}"#), "{body}");
+    assert!(body.contains(r#""v":1234567890.12345}"#), "{body}");
+    w.stop();
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn unchanged_toast_is_absent_and_full_identity_carries_it() {
+    let db = TestDb::new("toast").await;
+    // md5 chains do not compress, so 20 kB is stored out of line (TOAST).
+    db.exec(
+        "CREATE TABLE big (id int PRIMARY KEY, note text, doc text);
+         CREATE TABLE bigfull (id int PRIMARY KEY, note text, doc text);
+         ALTER TABLE bigfull REPLICA IDENTITY FULL;",
+    )
+    .await;
+    let doc = "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 640) g)";
+    let (_w, changes) = archive_of(
+        &db,
+        "public.big,public.bigfull",
+        &[
+            &format!(
+                "INSERT INTO big VALUES (1, 'a', {doc}); INSERT INTO bigfull VALUES (1, 'a', {doc})"
+            ),
+            "UPDATE big SET note = 'b' WHERE id = 1; UPDATE bigfull SET note = 'b' WHERE id = 1",
+        ],
+        4,
+    )
+    .await;
+    assert_eq!(changes[0]["data"]["doc"].as_str().unwrap().len(), 640 * 32);
+    let upd = &changes[2];
+    assert_eq!(upd["table"], "public.big");
+    assert_eq!(upd["data"]["note"], "b");
+    assert!(
+        upd["data"].get("doc").is_none(),
+        "unchanged TOAST must be absent, not null: {upd}"
+    );
+    assert!(upd["old"].is_null());
+    let full = &changes[3];
+    assert_eq!(full["table"], "public.bigfull");
+    assert_eq!(
+        full["data"]["doc"].as_str().unwrap().len(),
+        640 * 32,
+        "FULL identity sends the value"
+    );
+    assert_eq!(full["old"]["note"], "a");
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn replica_identity_decides_what_old_holds() {
+    let db = TestDb::new("identity").await;
+    db.exec(
+        "CREATE TABLE def (id int PRIMARY KEY, v text);
+         CREATE TABLE full_ (id int PRIMARY KEY, v text);
+         ALTER TABLE full_ REPLICA IDENTITY FULL;
+         CREATE TABLE idx (a int NOT NULL, b int NOT NULL, v text);
+         CREATE UNIQUE INDEX idx_ab ON idx (a, b);
+         ALTER TABLE idx REPLICA IDENTITY USING INDEX idx_ab;",
+    )
+    .await;
+    let (_w, c) = archive_of(
+        &db,
+        "public.def,public.full_,public.idx",
+        &[
+            "INSERT INTO def VALUES (1, 'x'); INSERT INTO full_ VALUES (1, 'x'); INSERT INTO idx VALUES (1, 2, 'x')",
+            "UPDATE def SET v = 'y'",       // 3: key unchanged: old null
+            "UPDATE def SET id = 2",        // 4: key changed: old key
+            "UPDATE full_ SET v = 'y'",     // 5: old row
+            "UPDATE idx SET v = 'y'",       // 6: index unchanged: old null
+            "DELETE FROM def",              // 7
+            "DELETE FROM full_",            // 8
+            "DELETE FROM idx",              // 9
+        ],
+        10,
+    )
+    .await;
+    assert!(c[3]["old"].is_null(), "{}", c[3]);
+    assert_eq!(c[4]["old"], json!({"id": 1}));
+    assert_eq!(c[4]["data"], json!({"id": 2, "v": "y"}));
+    assert_eq!(c[5]["old"], json!({"id": 1, "v": "x"}));
+    assert!(c[6]["old"].is_null(), "{}", c[6]);
+    assert_eq!(
+        (c[7]["op"].as_str(), &c[7]["old"]),
+        (Some("delete"), &json!({"id": 2}))
+    );
+    assert_eq!(
+        c[8]["old"],
+        json!({"id": 1, "v": "y"}),
+        "FULL: the whole row"
+    );
+    assert_eq!(
+        c[9]["old"],
+        json!({"a": 1, "b": 2}),
+        "USING INDEX: the index columns"
+    );
+    assert!(c[7..].iter().all(|x| x["data"].is_null()));
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn truncate_writes_one_line_per_table() {
+    let db = TestDb::new("trunc").await;
+    db.exec("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY)")
+        .await;
+    let (_w, c) = archive_of(
+        &db,
+        "public.a,public.b",
+        &[
+            "INSERT INTO a VALUES (1); INSERT INTO b VALUES (1)",
+            "TRUNCATE a, b",
+        ],
+        4,
+    )
+    .await;
+    let truncs: Vec<&Value> = c.iter().filter(|x| x["op"] == "truncate").collect();
+    assert_eq!(truncs.len(), 2);
+    let mut tables: Vec<&str> = truncs
+        .iter()
+        .map(|x| x["table"].as_str().unwrap())
+        .collect();
+    tables.sort();
+    assert_eq!(tables, ["public.a", "public.b"]);
+    assert!(
+        truncs
+            .iter()
+            .all(|x| x["data"].is_null() && x["old"].is_null())
+    );
+    assert_eq!(truncs[0]["commit_lsn"], truncs[1]["commit_lsn"]);
+    assert_ne!(truncs[0]["idempotency_key"], truncs[1]["idempotency_key"]);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn changes_to_partitions_carry_the_parent_name() {
+    let db = TestDb::new("parts").await;
+    db.exec(
+        "CREATE TABLE events (id int, region text, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+         CREATE TABLE events_eu PARTITION OF events FOR VALUES IN ('eu');
+         CREATE TABLE events_us PARTITION OF events FOR VALUES IN ('us');",
+    )
+    .await;
+    let (_w, c) = archive_of(
+        &db,
+        "public.events",
+        &[
+            "INSERT INTO events VALUES (1, 'eu'), (2, 'us')",
+            "DELETE FROM events WHERE region = 'us'",
+        ],
+        3,
+    )
+    .await;
+    assert!(c.iter().all(|x| x["table"] == "public.events"), "{c:#?}");
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn ddl_between_changes_gives_new_shapes_and_schema_versions() {
+    let db = TestDb::new("ddl").await;
+    db.exec("CREATE TABLE s (id int PRIMARY KEY, a int, b text)")
+        .await;
+    let (w, c) = archive_of(
+        &db,
+        "public.s",
+        &[
+            "INSERT INTO s VALUES (1, 1, 'x')",
+            "ALTER TABLE s ADD COLUMN c jsonb",
+            "INSERT INTO s VALUES (2, 2, 'y', '{\"k\": true}')",
+            "ALTER TABLE s DROP COLUMN b",
+            "INSERT INTO s VALUES (3, 3, NULL)",
+            "ALTER TABLE s RENAME COLUMN a TO aa",
+            "INSERT INTO s VALUES (4, 4, NULL)",
+            "ALTER TABLE s ALTER COLUMN aa TYPE bigint",
+            "INSERT INTO s VALUES (5, 5, NULL)",
+        ],
+        5,
+    )
+    .await;
+    assert_eq!(c[0]["data"], json!({"id": 1, "a": 1, "b": "x"}));
+    assert_eq!(
+        c[1]["data"],
+        json!({"id": 2, "a": 2, "b": "y", "c": {"k": true}})
+    );
+    assert_eq!(c[2]["data"], json!({"id": 3, "a": 3, "c": null}));
+    assert_eq!(c[3]["data"], json!({"id": 4, "aa": 4, "c": null}));
+    assert_eq!(c[4]["data"], json!({"id": 5, "aa": 5, "c": null}));
+    let root = w.dir.path().join("waltail-archive");
+    let schemas: Vec<Object> = file_objects(&root)
+        .into_iter()
+        .filter(|o| o.key.starts_with("_schemas/public.s/"))
+        .collect();
+    let keys: Vec<&str> = schemas.iter().map(|o| o.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "_schemas/public.s/1.json",
+            "_schemas/public.s/2.json",
+            "_schemas/public.s/3.json",
+            "_schemas/public.s/4.json",
+            "_schemas/public.s/5.json"
+        ]
+    );
+    let last: Value = serde_json::from_str(&schemas[4].body).unwrap();
+    assert_eq!(last["version"], 5);
+    assert_eq!(last["replica_identity"], "default");
+    assert_eq!(
+        last["columns"],
+        json!([
+            {"name": "id", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": true},
+            {"name": "aa", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": false},
+            {"name": "c", "type": "jsonb", "type_oid": 3802, "type_modifier": -1, "key": false}
+        ])
+    );
+    // A restart sees the same shape again and records nothing new.
+    let mut w = w;
+    w.start();
+    db.exec("INSERT INTO s VALUES (6, 6, NULL)").await;
+    eventually(Duration::from_secs(30), "the 6th change", async || {
+        checked_changes(
+            &file_objects(&root),
+            None,
+            &w.env
+                .iter()
+                .find(|(k, _)| k == "WALTAIL_PIPELINE")
+                .unwrap()
+                .1,
+        )
+        .len()
+            == 6
+    })
+    .await;
+    w.stop();
+    let count = file_objects(&root)
+        .iter()
+        .filter(|o| o.key.starts_with("_schemas/"))
+        .count();
+    assert_eq!(count, 5);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn check_warns_about_replica_identity_nothing_with_the_fix() {
+    let db = TestDb::new("nothing").await;
+    db.exec("CREATE TABLE n (id int PRIMARY KEY); ALTER TABLE n REPLICA IDENTITY NOTHING")
+        .await;
+    let w = Waltail::new(&db, &unique("nothing").replace('_', "-"), "public.n");
+    let (status, stdout, _) = w.output(&["check"]);
+    assert!(
+        status.success(),
+        "a warning does not fail the check:\n{stdout}"
+    );
+    let line = stdout
+        .lines()
+        .position(|l| l.contains("WARN") && l.contains("table public.n"))
+        .expect(&stdout);
+    assert!(
+        stdout
+            .lines()
+            .nth(line + 1)
+            .unwrap()
+            .contains("REPLICA IDENTITY DEFAULT"),
+        "{stdout}"
+    );
+    db.drop_db().await;
+}
