@@ -204,3 +204,70 @@ async fn sigterm_flushes_the_partial_batch_and_exits_zero() {
     );
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn aws_environment_credentials_are_used_when_the_config_has_none() {
+    let db = TestDb::new("awsenv").await;
+    db.exec(TABLES).await;
+    let pipeline = unique("awsenv").replace('_', "-");
+    let prefix = format!("awsenv/{pipeline}");
+    let s3 = s3();
+    let mut w = Waltail::new(&db, &pipeline, "public.orders");
+    w.s3(&prefix);
+    w.env
+        .retain(|(k, _)| !k.contains("ACCESS_KEY") && !k.ends_with("REGION"));
+    w.set("AWS_ACCESS_KEY_ID", &s3.key)
+        .set("AWS_SECRET_ACCESS_KEY", &s3.secret)
+        .set("AWS_REGION", "us-east-1");
+    w.start();
+    db.exec("INSERT INTO orders (id, customer) VALUES (1, 'a')")
+        .await;
+    eventually(Duration::from_secs(30), "the insert archived", async || {
+        s3_objects(&prefix)
+            .await
+            .iter()
+            .any(|o| o.key.ends_with(".ndjson"))
+    })
+    .await;
+    w.stop();
+    db.drop_db().await;
+}
+
+/// With nothing pending, keepalive positions are confirmed: heavy writes to
+/// tables outside the publication do not make the slot hold WAL.
+#[tokio::test]
+async fn an_idle_publication_does_not_hold_wal() {
+    let db = TestDb::new("idlewal").await;
+    db.exec(&format!(
+        "{TABLES}; CREATE TABLE other (id serial PRIMARY KEY, pad text)"
+    ))
+    .await;
+    let pipeline = unique("idle").replace('_', "-");
+    let slot = format!("waltail_{}", pipeline.replace('-', "_"));
+    let mut w = Waltail::new(&db, &pipeline, "public.orders");
+    w.start();
+    for _ in 0..20 {
+        db.exec("INSERT INTO other (pad) SELECT repeat('x', 500) FROM generate_series(1, 2000)")
+            .await;
+    }
+    let lag = async || -> i64 {
+        db.client
+            .query_one(
+                "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let written = 20 * 2000 * 500;
+    eventually(
+        Duration::from_secs(30),
+        "the slot to confirm past the unrelated writes",
+        async || lag().await < 1_000_000,
+    )
+    .await;
+    assert!(lag().await < written / 10);
+    w.stop();
+    db.drop_db().await;
+}
