@@ -165,7 +165,8 @@ fn xlog(data: Bytes) -> ReplicationMessage {
 
 /// Runs one transaction through a fresh decoder and returns its changes.
 fn decoded_changes() -> Vec<Change> {
-    let mut decoder = Decoder::new(0);
+    let mut decoder =
+        Decoder::new(0, &std::env::temp_dir().join("waltail-bench-spill.sqlite")).expect("decoder");
     let mut events = Vec::new();
     decoder
         .handle(xlog(relation_msg()), &mut events)
@@ -175,7 +176,8 @@ fn decoded_changes() -> Vec<Change> {
         decoder.handle(xlog(insert_msg(i)), &mut events).unwrap();
     }
     decoder.handle(xlog(commit_msg()), &mut events).unwrap();
-    assert_eq!(events.len(), CHANGES_PER_TXN + 2);
+    // Schema, Begin, the changes, Commit.
+    assert_eq!(events.len(), CHANGES_PER_TXN + 3);
     events
         .into_iter()
         .filter_map(|e| match e {
@@ -276,7 +278,8 @@ fn bench_source_decoder(c: &mut Criterion) {
     let begin = begin_msg();
     let commit = commit_msg();
     let inserts: Vec<Bytes> = (0..CHANGES_PER_TXN).map(insert_msg).collect();
-    let mut decoder = Decoder::new(0);
+    let mut decoder =
+        Decoder::new(0, &std::env::temp_dir().join("waltail-bench-spill.sqlite")).expect("decoder");
     let mut events = Vec::with_capacity(CHANGES_PER_TXN + 2);
     decoder
         .handle(xlog(relation_msg()), &mut events)

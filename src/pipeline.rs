@@ -193,12 +193,30 @@ async fn session(
         .map_err(|e| Error::replication("opening the replication connection", e))?;
     let status_every = status_interval(&mut conn).await?;
     let publications = quote_ident(&config.source.publication);
+    // Protocol 2 (14+) streams large transactions while they are in progress,
+    // so the server does not spill them to its own disk first.
+    let major: u32 = conn
+        .server_version()
+        .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let options: Vec<(&str, &str)> = if major >= 14 {
+        vec![
+            ("proto_version", "2"),
+            ("streaming", "on"),
+            ("publication_names", &publications),
+        ]
+    } else {
+        vec![("proto_version", "1"), ("publication_names", &publications)]
+    };
+    let decoder = Decoder::new(
+        cursor.confirmed_lsn,
+        &config
+            .state_dir
+            .join(format!("{}.spill.sqlite", config.pipeline)),
+    )?;
     let (stream, feedback) = conn
-        .start_replication(
-            &config.source.slot,
-            cursor.confirmed_lsn,
-            &[("proto_version", "1"), ("publication_names", &publications)],
-        )
+        .start_replication(&config.source.slot, cursor.confirmed_lsn, &options)
         .await
         .map_err(|e| Error::replication("starting replication", e))?;
     tracing::info!(
@@ -223,13 +241,7 @@ async fn session(
             TypeCatalog::new(None)
         }
     };
-    let mut source_task = tokio::spawn(stream::run(
-        stream,
-        Decoder::new(cursor.confirmed_lsn),
-        catalog,
-        tx,
-        reply.clone(),
-    ));
+    let mut source_task = tokio::spawn(stream::run(stream, decoder, catalog, tx, reply.clone()));
     let feedback_task = tokio::spawn(feedback_loop(
         feedback,
         confirm_rx,

@@ -407,3 +407,79 @@ async fn check_warns_about_replica_identity_nothing_with_the_fix() {
     );
     db.drop_db().await;
 }
+
+/// Protocol 2 (Postgres 14+): a transaction larger than
+/// logical_decoding_work_mem is streamed while in progress, buffered (and
+/// spilled past the memory budget), archived at its commit; a rolled-back
+/// subtransaction and an aborted streamed transaction leave nothing behind.
+#[tokio::test]
+async fn streamed_large_transactions_keep_commits_and_drop_aborts() {
+    let pg = common::pg::DedicatedPg::start();
+    let db = TestDb::on(pg.url(), "streamed").await;
+    db.exec("ALTER SYSTEM SET logical_decoding_work_mem = '64kB'")
+        .await;
+    db.exec("SELECT pg_reload_conf()").await;
+    db.exec("CREATE TABLE big (id int PRIMARY KEY, pad text)")
+        .await;
+    let pipeline = unique("streamed").replace('_', "-");
+    let slot = format!("waltail_{}", pipeline.replace('-', "_"));
+    let mut w = Waltail::new(&db, &pipeline, "public.big");
+    w.set("WALTAIL_DELIVERY_BATCH_SIZE", "1000");
+    w.start();
+    // 200,000 rows of ~150 bytes rendered: past the 16 MB memory budget.
+    db.exec(
+        "BEGIN;
+         INSERT INTO big SELECT g, repeat('p', 100) FROM generate_series(1, 100000) g;
+         SAVEPOINT s;
+         INSERT INTO big SELECT g, 'rolled back' FROM generate_series(500001, 520000) g;
+         ROLLBACK TO SAVEPOINT s;
+         INSERT INTO big SELECT g, repeat('q', 100) FROM generate_series(100001, 200000) g;
+         COMMIT;",
+    )
+    .await;
+    db.exec("BEGIN; INSERT INTO big SELECT g, 'aborted' FROM generate_series(600001, 630000) g; ROLLBACK;")
+        .await;
+    db.exec("UPDATE big SET pad = 'after' WHERE id = 1").await;
+    let root = w.dir.path().join("waltail-archive");
+    let start = std::time::Instant::now();
+    loop {
+        let lines: usize = file_objects(&root)
+            .iter()
+            .filter(|o| o.key.ends_with(".ndjson"))
+            .map(|o| o.body.lines().count())
+            .sum();
+        if lines >= 200_001 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{lines} changes so far\n{}",
+            w.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let changes = checked_changes(&file_objects(&root), None, &pipeline);
+    assert_eq!(changes.len(), 200_001);
+    let state = replay(&changes);
+    assert_eq!(state["public.big"].len(), 200_000);
+    assert!(
+        changes
+            .iter()
+            .all(|c| c["data"]["pad"] != "rolled back" && c["data"]["pad"] != "aborted")
+    );
+    assert_eq!(changes[200_000]["data"]["pad"], "after");
+    let streamed: i64 = db
+        .client
+        .query_one(
+            "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        streamed >= 1,
+        "the server did not stream the transaction (stream_txns = {streamed})"
+    );
+    w.stop();
+}

@@ -9,6 +9,7 @@ pub mod check;
 pub mod pgoutput;
 pub mod replication;
 pub mod setup;
+pub mod spill;
 pub mod stream;
 pub mod types;
 

@@ -90,6 +90,29 @@ pub enum LogicalMessage {
         prefix: String,
         content: Bytes,
     },
+    /// Protocol 2: the blocks of an in-progress transaction follow, up to
+    /// [`LogicalMessage::StreamStop`]; data messages in them carry their
+    /// (sub)transaction id.
+    StreamStart {
+        xid: u32,
+        first_segment: bool,
+    },
+    StreamStop,
+    /// Protocol 2: the streamed transaction `xid` committed.
+    StreamCommit {
+        xid: u32,
+        flags: u8,
+        commit_lsn: Lsn,
+        end_lsn: Lsn,
+        /// Microseconds since 2000-01-01 00:00:00 UTC.
+        commit_ts: i64,
+    },
+    /// Protocol 2: the streamed (sub)transaction `subxid` of `xid` aborted
+    /// (`subxid == xid`: the whole transaction).
+    StreamAbort {
+        xid: u32,
+        subxid: u32,
+    },
 }
 
 /// Schema of a relation, sent before the first change to it (and again
@@ -144,6 +167,16 @@ pub enum ColumnValue {
 /// Decodes one pgoutput (protocol v1) message.
 pub fn decode(buf: Bytes) -> Result<LogicalMessage, DecodeError> {
     decode_with(buf, false).map(|(_, msg)| msg)
+}
+
+/// Decodes one message of a protocol 2 stream: `in_stream` is true between
+/// StreamStart and StreamStop, where data messages carry a leading xid,
+/// returned beside the message.
+pub fn decode_in(
+    buf: Bytes,
+    in_stream: bool,
+) -> Result<(Option<u32>, LogicalMessage), DecodeError> {
+    decode_with(buf, in_stream)
 }
 
 /// Decodes one message; `in_stream` is true inside a protocol v2 streamed
@@ -311,6 +344,40 @@ fn decode_with(buf: Bytes, in_stream: bool) -> Result<(Option<u32>, LogicalMessa
                 content,
             };
             (xid, msg, "Message")
+        }
+        b'S' => {
+            let xid = r.u32("transaction id")?;
+            let first_segment = r.u8("first segment flag")? == 1;
+            (
+                None,
+                LogicalMessage::StreamStart { xid, first_segment },
+                "Stream Start",
+            )
+        }
+        b'E' => (None, LogicalMessage::StreamStop, "Stream Stop"),
+        b'c' => {
+            let xid = r.u32("transaction id")?;
+            let flags = r.u8("commit flags")?;
+            let commit_lsn = r.u64("commit LSN")?;
+            let end_lsn = r.u64("end LSN")?;
+            let commit_ts = r.i64("commit timestamp")?;
+            let msg = LogicalMessage::StreamCommit {
+                xid,
+                flags,
+                commit_lsn,
+                end_lsn,
+                commit_ts,
+            };
+            (None, msg, "Stream Commit")
+        }
+        b'A' => {
+            let xid = r.u32("transaction id")?;
+            let subxid = r.u32("subtransaction id")?;
+            (
+                None,
+                LogicalMessage::StreamAbort { xid, subxid },
+                "Stream Abort",
+            )
         }
         other => return Err(DecodeError::UnknownMessage(other)),
     };
@@ -565,8 +632,61 @@ mod tests {
                 o.extend_from_slice(&(content.len() as i32).to_be_bytes());
                 o.extend_from_slice(content);
             }
+            LogicalMessage::StreamStart { xid, first_segment } => {
+                o.push(b'S');
+                o.extend_from_slice(&xid.to_be_bytes());
+                o.push(u8::from(*first_segment));
+            }
+            LogicalMessage::StreamStop => o.push(b'E'),
+            LogicalMessage::StreamCommit {
+                xid,
+                flags,
+                commit_lsn,
+                end_lsn,
+                commit_ts,
+            } => {
+                o.push(b'c');
+                o.extend_from_slice(&xid.to_be_bytes());
+                o.push(*flags);
+                o.extend_from_slice(&commit_lsn.to_be_bytes());
+                o.extend_from_slice(&end_lsn.to_be_bytes());
+                o.extend_from_slice(&commit_ts.to_be_bytes());
+            }
+            LogicalMessage::StreamAbort { xid, subxid } => {
+                o.push(b'A');
+                o.extend_from_slice(&xid.to_be_bytes());
+                o.extend_from_slice(&subxid.to_be_bytes());
+            }
         }
         o
+    }
+
+    #[test]
+    fn protocol_2_stream_messages_round_trip_and_truncations_fail() {
+        for msg in [
+            LogicalMessage::StreamStart {
+                xid: 9,
+                first_segment: true,
+            },
+            LogicalMessage::StreamStop,
+            LogicalMessage::StreamCommit {
+                xid: 9,
+                flags: 0,
+                commit_lsn: 0x1_0000_0010,
+                end_lsn: 0x1_0000_0040,
+                commit_ts: 12345,
+            },
+            LogicalMessage::StreamAbort { xid: 9, subxid: 10 },
+        ] {
+            let wire = encode(&msg);
+            assert_eq!(decode(Bytes::from(wire.clone())).unwrap(), msg);
+            for cut in 1..wire.len() {
+                assert!(
+                    decode(Bytes::from(wire[..cut].to_vec())).is_err(),
+                    "{msg:?} cut at {cut}"
+                );
+            }
+        }
     }
 
     fn text(s: &str) -> ColumnValue {

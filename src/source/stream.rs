@@ -17,6 +17,7 @@ use crate::envelope::{Change, Op, RowSet, TableRef, table_hash};
 use crate::source::catalog::{ColumnType, Render, TypeCatalog};
 use crate::source::pgoutput::{self, ColumnValue, LogicalMessage, OldTuple, Relation, TupleData};
 use crate::source::replication::{ReplicationMessage, ReplicationStream};
+use crate::source::spill::{Drain, MEMORY_BUDGET, StreamBuffers};
 use crate::source::types;
 use crate::{Error, Result};
 
@@ -68,7 +69,17 @@ struct Txn {
     skip: bool,
 }
 
-/// The stateful part of the source: relations and the open transaction.
+/// A committed streamed transaction being handed to the pipeline.
+struct Emitting {
+    drain: Drain,
+    commit_lsn: u64,
+    commit_ts: i64,
+    end_lsn: u64,
+    index: u32,
+}
+
+/// The stateful part of the source: relations, the open transaction, and
+/// the buffers of streamed in-progress transactions (protocol 2).
 pub struct Decoder {
     relations: HashMap<u32, RelationInfo>,
     /// Column types resolved for the next Relation message of each relation.
@@ -76,30 +87,75 @@ pub struct Decoder {
     /// Transactions committed before this LSN were already confirmed.
     skip_before: u64,
     txn: Option<Txn>,
+    /// The top-level xid of the stream block being received, if any.
+    in_stream: Option<u32>,
+    /// The (sub)transaction id carried by the current streamed message.
+    msg_xid: Option<u32>,
+    streams: StreamBuffers,
+    emitting: Option<Emitting>,
 }
 
 impl Decoder {
-    pub fn new(skip_before: u64) -> Self {
-        Decoder {
+    /// `spill` is the scratch file for streamed transactions too large to
+    /// keep in memory.
+    pub fn new(skip_before: u64, spill: &std::path::Path) -> Result<Self> {
+        Ok(Decoder {
             relations: HashMap::new(),
             resolved: HashMap::new(),
             skip_before,
             txn: None,
-        }
+            in_stream: None,
+            msg_xid: None,
+            streams: StreamBuffers::new(spill, MEMORY_BUDGET)?,
+            emitting: None,
+        })
     }
 
     /// Handles one replication message, appending the resulting events.
     pub fn handle(&mut self, msg: ReplicationMessage, out: &mut Vec<SourceEvent>) -> Result<()> {
         match msg {
             ReplicationMessage::Keepalive { wal_end, .. } => {
-                out.push(SourceEvent::Keepalive { wal_end });
+                // With a streamed transaction open, positions past its start
+                // must not be confirmed as if nothing were pending.
+                if self.in_stream.is_none() && self.streams.is_empty() && self.emitting.is_none() {
+                    out.push(SourceEvent::Keepalive { wal_end });
+                }
                 Ok(())
             }
             ReplicationMessage::XLogData { data, .. } => {
-                let msg = pgoutput::decode(data)?;
+                let (xid, msg) = pgoutput::decode_in(data, self.in_stream.is_some())?;
+                self.msg_xid = xid;
                 self.logical(msg, out)
             }
         }
+    }
+
+    /// Whether a committed streamed transaction is still being handed over
+    /// (call [`Decoder::emit_chunk`] until it is not).
+    pub fn is_emitting(&self) -> bool {
+        self.emitting.is_some()
+    }
+
+    /// Appends up to `max` changes of the committed streamed transaction,
+    /// then its Commit once all are out.
+    pub fn emit_chunk(&mut self, out: &mut Vec<SourceEvent>, max: usize) -> Result<()> {
+        let Some(e) = self.emitting.as_mut() else {
+            return Ok(());
+        };
+        let chunk = self.streams.next_chunk(&mut e.drain, max)?;
+        if chunk.is_empty() {
+            out.push(SourceEvent::Commit { end_lsn: e.end_lsn });
+            self.emitting = None;
+            return Ok(());
+        }
+        for mut c in chunk {
+            c.commit_lsn = e.commit_lsn;
+            c.commit_ts = e.commit_ts;
+            c.index = e.index;
+            e.index += 1;
+            out.push(SourceEvent::Change(c));
+        }
+        Ok(())
     }
 
     fn logical(&mut self, msg: LogicalMessage, out: &mut Vec<SourceEvent>) -> Result<()> {
@@ -192,6 +248,29 @@ impl Decoder {
                     })?;
                 }
             }
+            LogicalMessage::StreamStart { xid, .. } => self.in_stream = Some(xid),
+            LogicalMessage::StreamStop => self.in_stream = None,
+            LogicalMessage::StreamAbort { xid, subxid } => self.streams.abort(xid, subxid)?,
+            LogicalMessage::StreamCommit {
+                xid,
+                commit_lsn,
+                end_lsn,
+                commit_ts,
+                ..
+            } => {
+                if commit_lsn < self.skip_before {
+                    self.streams.abort(xid, xid)?;
+                } else {
+                    out.push(SourceEvent::Begin);
+                    self.emitting = Some(Emitting {
+                        drain: self.streams.take(xid),
+                        commit_lsn,
+                        commit_ts,
+                        end_lsn,
+                        index: 0,
+                    });
+                }
+            }
             // Origins, custom type names and logical messages carry no row changes.
             LogicalMessage::Origin { .. }
             | LogicalMessage::Type { .. }
@@ -209,6 +288,29 @@ impl Decoder {
             &RelationInfo,
         ) -> Result<(Op, Option<Vec<u8>>, Option<Vec<u8>>, u64, Option<u64>)>,
     ) -> Result<()> {
+        if let Some(top) = self.in_stream {
+            let rel = self.relations.get(&rel_id).ok_or_else(|| {
+                protocol(&format!(
+                    "a change for relation {rel_id} before its Relation message"
+                ))
+            })?;
+            let (op, data, old, hash, other) = build(rel)?;
+            let mut rows = RowSet::one(hash);
+            if let Some(h) = other {
+                rows.push(h);
+            }
+            let change = Change {
+                op,
+                table: rel.table.clone(),
+                data,
+                old,
+                commit_lsn: 0,
+                commit_ts: 0,
+                index: 0,
+                rows,
+            };
+            return self.streams.push(top, self.msg_xid.unwrap_or(top), change);
+        }
         let txn = self
             .txn
             .as_mut()
@@ -373,6 +475,10 @@ fn row_hash(rel: &RelationInfo, tuple: &TupleData) -> u64 {
     h.finish()
 }
 
+/// Changes of a committed streamed transaction read out per step, so a
+/// transaction of any size passes through in bounded memory.
+const EMIT_CHUNK: usize = 1000;
+
 /// Reads the replication stream until it ends or fails, sending events to
 /// the pipeline. Reply requests are signalled on `reply` immediately, before
 /// any backpressure can delay them.
@@ -404,7 +510,8 @@ pub async fn run(
         }
         if let ReplicationMessage::XLogData { data, .. } = &msg
             && data.first() == Some(&b'R')
-            && let LogicalMessage::Relation(rel) = pgoutput::decode(data.clone())?
+            && let (_, LogicalMessage::Relation(rel)) =
+                pgoutput::decode_in(data.clone(), decoder.in_stream.is_some())?
         {
             let mut types = Vec::with_capacity(rel.columns.len());
             for c in &rel.columns {
@@ -413,11 +520,17 @@ pub async fn run(
             decoder.set_types(rel.rel_id, types);
         }
         decoder.handle(msg, &mut events)?;
-        for ev in events.drain(..) {
-            if tx.send(ev).await.is_err() {
-                // The pipeline has stopped; it decides what happens next.
-                return Ok(());
+        loop {
+            for ev in events.drain(..) {
+                if tx.send(ev).await.is_err() {
+                    // The pipeline has stopped; it decides what happens next.
+                    return Ok(());
+                }
             }
+            if !decoder.is_emitting() {
+                break;
+            }
+            decoder.emit_chunk(&mut events, EMIT_CHUNK)?;
         }
     }
 }
