@@ -19,6 +19,7 @@
 # at the end.
 # Usage: scripts/bench-e2e.sh                      (release build; ~10 min)
 #        SCALE=0.1 LAT_SECONDS=10 scripts/bench-e2e.sh   (quick check)
+#        BENCH_BIN=path/to/waltail scripts/bench-e2e.sh  (that binary, no build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCALE=${SCALE:-1}
@@ -42,8 +43,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cargo build --release --quiet
-bin=${CARGO_TARGET_DIR:-target}/release/waltail
+if [ -n "${BENCH_BIN:-}" ]; then bin=$BENCH_BIN; else
+  cargo build --release --quiet
+  bin=${CARGO_TARGET_DIR:-target}/release/waltail
+fi
 url=$(scripts/pg-start.sh)
 scripts/s3-start.sh >/dev/null
 psql() { "$PG_BIN/psql" -X -q -t -A -v ON_ERROR_STOP=1 "$url" "$@"; }

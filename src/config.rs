@@ -14,6 +14,7 @@ use std::time::Duration;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
+use crate::source::tls::TlsSettings;
 use crate::{Error, Result};
 
 /// Changes per object: the file-size dial. 100 keeps objects small enough that
@@ -57,7 +58,12 @@ pub struct Config {
 pub struct SourceConfig {
     /// The connection string as given: it may hold a password, so it stays secret.
     pub url: SecretString,
+    /// The connection settings; `ssl_mode` is the nearest tokio-postgres
+    /// knows, `tls` has the real one.
     pub pg: tokio_postgres::Config,
+    /// `sslmode` and `sslrootcert` from the URL (tokio-postgres knows neither
+    /// `verify-ca`/`verify-full` nor `sslrootcert`).
+    pub tls: TlsSettings,
     pub tables: Vec<TableName>,
     pub publication: String,
     pub slot: String,
@@ -67,6 +73,7 @@ impl std::fmt::Debug for SourceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SourceConfig")
             .field("url", &redact_url(self.url.expose_secret()))
+            .field("tls", &self.tls)
             .field("tables", &self.tables)
             .field("publication", &self.publication)
             .field("slot", &self.slot)
@@ -430,12 +437,17 @@ fn validate(raw: RawConfig) -> Result<Config> {
     let url = source.url.ok_or_else(|| {
         Error::config("source.url is missing: e.g. url = \"postgres://user@host:5432/db\" (or WALTAIL_SOURCE_URL)")
     })?;
-    let pg = tokio_postgres::Config::from_str(&url).map_err(|e| {
+    // sslmode and sslrootcert are ours: tokio-postgres would refuse verify-ca,
+    // verify-full and sslrootcert.
+    let (pg_url, tls) = crate::source::tls::extract(&url)
+        .map_err(|e| Error::config(format!("source.url = {:?}: {e}", redact_url(&url))))?;
+    let mut pg = tokio_postgres::Config::from_str(&pg_url).map_err(|e| {
         Error::config(format!(
             "source.url = {:?} is not a Postgres connection string: {e}",
             redact_url(&url)
         ))
     })?;
+    pg.ssl_mode(tls.mode.for_tokio_postgres());
     if pg.get_dbname().is_none() {
         return Err(Error::config(format!(
             "source.url = {:?} names no database: add it, e.g. postgres://user@host:5432/shop",
@@ -555,6 +567,7 @@ fn validate(raw: RawConfig) -> Result<Config> {
         source: SourceConfig {
             url: SecretString::from(url),
             pg,
+            tls,
             tables,
             publication,
             slot,
@@ -783,6 +796,45 @@ mod tests {
         .unwrap();
         let dbg = format!("{c:?}");
         assert!(!dbg.contains("hunter2") && !dbg.contains("s3cr3t"), "{dbg}");
+    }
+
+    #[test]
+    fn tls_settings_come_from_the_url() {
+        use crate::source::tls::SslMode;
+        let c = load(MINIMAL, &[]).unwrap();
+        assert_eq!(c.source.tls.mode, SslMode::Prefer);
+        let c = load(
+            MINIMAL,
+            &[("WALTAIL_SOURCE_URL", "host=h dbname=d sslmode=require")],
+        )
+        .unwrap();
+        assert_eq!(c.source.tls.mode, SslMode::Require);
+        assert_eq!(
+            c.source.pg.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Require
+        );
+        let err = load(
+            MINIMAL,
+            &[(
+                "WALTAIL_SOURCE_URL",
+                "postgres://u:pw@h/db?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+            )],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("source.url")
+                && err.contains("/nonexistent/ca.pem")
+                && !err.contains("pw@"),
+            "{err}"
+        );
+        let err = load(
+            MINIMAL,
+            &[("WALTAIL_SOURCE_URL", "postgres://u@h/db?sslmode=verify")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("verify-full"), "{err}");
     }
 
     #[test]

@@ -4,7 +4,9 @@
 use tokio_postgres::Client;
 
 use crate::config::{SourceConfig, quote_ident, quote_literal};
-use crate::source::{self, replication::ReplicationConnection};
+use crate::source;
+use crate::source::replication::{ReplicationConnection, ReplicationError};
+use crate::source::tls::NEEDS_TLS_HINT;
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -346,11 +348,18 @@ async fn replication_check(source: &SourceConfig) -> Finding {
                 format!("system identifier {system}"),
             )
         }
-        Err(e) => Finding::with(
+        Err(ReplicationError::Tls(tls)) => Finding::with(
             Status::Fail,
             "replication connection",
-            e.to_string(),
-            "allow the role to connect for replication in pg_hba.conf (the line must match this database), and check max_wal_senders",
+            tls.message,
+            tls.hint,
         ),
+        Err(e) => {
+            let fix = match &e {
+                ReplicationError::Server { hint: Some(h), .. } if h == NEEDS_TLS_HINT => h.clone(),
+                _ => "allow the role to connect for replication in pg_hba.conf (the line must match this database), and check max_wal_senders".into(),
+            };
+            Finding::with(Status::Fail, "replication connection", e.to_string(), fix)
+        }
     }
 }

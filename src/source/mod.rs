@@ -11,6 +11,7 @@ pub mod replication;
 pub mod setup;
 pub mod spill;
 pub mod stream;
+pub mod tls;
 pub mod types;
 
 use secrecy::ExposeSecret;
@@ -18,15 +19,39 @@ use secrecy::ExposeSecret;
 use crate::config::SourceConfig;
 use crate::{Error, Result};
 
+/// The connection settings of the source: tokio-postgres's, plus the TLS
+/// settings it cannot hold. Derefs to the tokio-postgres configuration.
+#[derive(Debug, Clone)]
+pub struct PgConfig {
+    pub pg: tokio_postgres::Config,
+    pub tls: tls::TlsSettings,
+}
+
+impl std::ops::Deref for PgConfig {
+    type Target = tokio_postgres::Config;
+    fn deref(&self) -> &tokio_postgres::Config {
+        &self.pg
+    }
+}
+
+impl std::ops::DerefMut for PgConfig {
+    fn deref_mut(&mut self) -> &mut tokio_postgres::Config {
+        &mut self.pg
+    }
+}
+
 /// The connection settings, with the password from PGPASSWORD when the URL has none.
-pub fn pg_config(source: &SourceConfig) -> tokio_postgres::Config {
+pub fn pg_config(source: &SourceConfig) -> PgConfig {
     let mut pg = source.pg.clone();
     if pg.get_password().is_none()
         && let Ok(pw) = std::env::var("PGPASSWORD")
     {
         pg.password(pw);
     }
-    pg
+    PgConfig {
+        pg,
+        tls: source.tls.clone(),
+    }
 }
 
 /// Where the source is, without secrets, for messages.
@@ -34,25 +59,64 @@ pub fn describe(source: &SourceConfig) -> String {
     crate::config::redact_url(source.url.expose_secret())
 }
 
-/// Opens an ordinary SQL connection (TLS arrives with the security work;
-/// `sslmode=require` is refused with a clear error until then).
+/// Opens an ordinary SQL connection, over TLS as `sslmode` says.
 pub async fn connect_sql(source: &SourceConfig) -> Result<tokio_postgres::Client> {
     let mut pg = pg_config(source);
     pg.application_name("waltail");
-    if matches!(pg.get_ssl_mode(), tokio_postgres::config::SslMode::Require) {
-        return Err(Error::fatal(
-            "sslmode=require is not supported yet",
-            "use sslmode=disable or sslmode=prefer in source.url",
-        ));
+    // libpq never uses TLS on a Unix socket (the server would refuse it).
+    if !pg.get_hosts().is_empty()
+        && pg
+            .get_hosts()
+            .iter()
+            .all(|h| !matches!(h, tokio_postgres::config::Host::Tcp(_)))
+    {
+        pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
     }
     let (client, connection) = pg
-        .connect(tokio_postgres::NoTls)
+        .pg
+        .connect(pg.tls.connector())
         .await
-        .map_err(|e| Error::postgres(format!("cannot connect to {}", describe(source)), e))?;
+        .map_err(|e| connect_error(source, e))?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "SQL connection ended");
         }
     });
     Ok(client)
+}
+
+/// A failed SQL connect, with TLS failures worded for the operator: those
+/// are fatal (a retry meets the same certificate), everything else keeps
+/// tokio-postgres's error and its usual retry rules.
+fn connect_error(source: &SourceConfig, e: tokio_postgres::Error) -> Error {
+    let context = format!("cannot connect to {}", describe(source));
+    let cause = std::error::Error::source(&e);
+    if let Some(tls) = cause.and_then(|c| c.downcast_ref::<tls::TlsError>())
+        && tls.fatal
+    {
+        return Error::fatal(format!("{context}: {tls}"), tls.hint.clone());
+    }
+    // tokio-postgres's own words when the server answers 'N' to the SSLRequest.
+    if cause.is_some_and(|c| c.to_string().contains("server does not support TLS")) {
+        let tls = tls::TlsError::not_supported(source.tls.mode);
+        return Error::fatal(format!("{context}: {tls}"), tls.hint);
+    }
+    if let Some(db) = e.as_db_error()
+        && refused_for_no_tls(db.code().code(), db.message())
+    {
+        return Error::fatal(
+            format!("{context}: {}: {}", db.severity(), db.message()),
+            tls::NEEDS_TLS_HINT,
+        );
+    }
+    Error::postgres(context, e)
+}
+
+/// pg_hba.conf has only `hostssl` lines for this client, and it came without
+/// TLS: "no pg_hba.conf entry for host ..., no encryption" (12+; "SSL off"
+/// before).
+pub fn refused_for_no_tls(code: &str, message: &str) -> bool {
+    code == "28000"
+        && message.contains("pg_hba.conf")
+        && (message.ends_with("no encryption") || message.ends_with("SSL off"))
 }

@@ -20,13 +20,17 @@
 //!   can tell a bad password (28P01) from a missing slot (42704), a busy slot
 //!   (55006) or a missing permission (42501).
 //!
-//! Not implemented (reported as [`ReplicationError::Unsupported`]): TLS
-//! (`sslmode=require`; `prefer` silently uses plaintext), channel binding,
-//! GSSAPI/SSPI/Kerberos authentication.
+//! TLS: an SSLRequest on TCP unless `sslmode=disable`, then rustls over the
+//! socket as [`TlsSettings`] says (see [`super::tls`]); never on a Unix socket.
+//! Refusals are [`ReplicationError::Tls`].
+//!
+//! Not implemented (reported as [`ReplicationError::Unsupported`]): channel
+//! binding, GSSAPI/SSPI/Kerberos authentication.
 //!
 //! `XLogData::data` is a zero-copy slice of the read buffer: holding one message
 //! keeps its whole read chunk (up to [`READ_CHUNK`] bytes, or the frame) alive.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -36,9 +40,11 @@ use postgres_protocol::authentication::sasl::{self, ChannelBinding, ScramSha256}
 use postgres_protocol::message::backend::{ErrorFields, Message};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::config::{Host, SslNegotiation};
 // Re-exported by tokio-postgres; the backend parsers' iterators implement it.
 use tokio_postgres::fallible_iterator::FallibleIterator;
+
+use super::tls::{NEEDS_TLS_HINT, TlsError, TlsSettings};
 
 /// Largest frame accepted. The server builds every message in a StringInfo,
 /// which is capped at MaxAllocSize (1 GiB - 1), so anything bigger is a corrupt
@@ -67,6 +73,10 @@ pub enum ReplicationError {
     },
     #[error("I/O error on the replication connection: {0}")]
     Io(#[from] std::io::Error),
+    /// TLS was refused: the certificate, or a server without TLS under
+    /// `sslmode=require` or stricter. Retrying will not help.
+    #[error("{}; hint: {}", .0.message, .0.hint)]
+    Tls(TlsError),
     /// An ErrorResponse from the server. `code` is the SQLSTATE, e.g. 28P01 bad
     /// password, 42704 missing slot, 55006 slot in use, 42501 no permission.
     #[error("server error: {severity}: {message} (SQLSTATE {code}){}{}",
@@ -141,6 +151,33 @@ fn log_notice(fields: ErrorFields<'_>) {
     } = ReplicationError::from_fields(fields)
     {
         tracing::info!(%severity, %code, "server notice: {message}");
+    }
+}
+
+/// What a replication connection is opened with: the Postgres settings and
+/// the TLS settings. A plain tokio-postgres configuration gives its own
+/// `sslmode` (disable, prefer or require, no CA);
+/// [`crate::source::PgConfig`] carries the full settings of `source.url`.
+pub trait ConnectParams {
+    fn pg(&self) -> &tokio_postgres::Config;
+    fn tls(&self) -> Cow<'_, TlsSettings>;
+}
+
+impl ConnectParams for tokio_postgres::Config {
+    fn pg(&self) -> &tokio_postgres::Config {
+        self
+    }
+    fn tls(&self) -> Cow<'_, TlsSettings> {
+        Cow::Owned(TlsSettings::from_tokio_postgres(self.get_ssl_mode()))
+    }
+}
+
+impl ConnectParams for crate::source::PgConfig {
+    fn pg(&self) -> &tokio_postgres::Config {
+        &self.pg
+    }
+    fn tls(&self) -> Cow<'_, TlsSettings> {
+        Cow::Borrowed(&self.tls)
     }
 }
 
@@ -264,36 +301,113 @@ impl std::fmt::Debug for ReplicationConnection {
 }
 
 enum Target {
-    Tcp(String, u16),
+    /// Address (hostaddr or host) and port, and the host name the server's
+    /// certificate is checked against (host when given, as libpq does).
+    Tcp(String, u16, String),
     #[cfg(unix)]
     Unix(std::path::PathBuf),
+}
+
+/// An open socket, with TLS or without.
+struct Opened {
+    rd: BoxedRead,
+    wr: BoxedWrite,
+    tls: bool,
 }
 
 impl Target {
     fn describe(&self) -> String {
         match self {
-            Target::Tcp(host, port) if host.contains(':') => format!("[{host}]:{port}"),
-            Target::Tcp(host, port) => format!("{host}:{port}"),
+            Target::Tcp(host, port, _) if host.contains(':') => format!("[{host}]:{port}"),
+            Target::Tcp(host, port, _) => format!("{host}:{port}"),
             #[cfg(unix)]
             Target::Unix(path) => path.display().to_string(),
         }
     }
 
-    async fn open(&self) -> std::io::Result<(BoxedRead, BoxedWrite)> {
+    /// Opens the socket and negotiates TLS. A failure to reach the server is
+    /// [`ReplicationError::Connect`] (the next host is tried); a TLS refusal
+    /// is [`ReplicationError::Tls`].
+    async fn open(
+        &self,
+        tls: &TlsSettings,
+        negotiation: SslNegotiation,
+    ) -> Result<Opened, ReplicationError> {
+        let addr = self.describe();
+        let connect_err = |source| ReplicationError::Connect {
+            addr: addr.clone(),
+            source,
+        };
         match self {
-            Target::Tcp(host, port) => {
-                let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+            Target::Tcp(host, port, name) => {
+                let mut stream = tokio::net::TcpStream::connect((host.as_str(), *port))
+                    .await
+                    .map_err(connect_err)?;
                 // Status updates are tiny and latency-sensitive (they release WAL
                 // on the server); do not let Nagle hold them back.
-                stream.set_nodelay(true)?;
-                let (r, w) = stream.into_split();
-                Ok((Box::new(r), Box::new(w)))
+                stream.set_nodelay(true).map_err(connect_err)?;
+                if tls.mode == super::tls::SslMode::Disable {
+                    let (r, w) = stream.into_split();
+                    return Ok(Opened {
+                        rd: Box::new(r),
+                        wr: Box::new(w),
+                        tls: false,
+                    });
+                }
+                if negotiation != SslNegotiation::Direct {
+                    let mut out = BytesMut::new();
+                    frontend::ssl_request(&mut out);
+                    stream.write_all(&out).await.map_err(connect_err)?;
+                    // Exactly one byte: anything after it must come through TLS.
+                    let answer = stream.read_u8().await.map_err(connect_err)?;
+                    match answer {
+                        b'S' => {}
+                        b'N' if tls.mode.requires_tls() => {
+                            return Err(ReplicationError::Tls(TlsError::not_supported(tls.mode)));
+                        }
+                        b'N' => {
+                            tracing::debug!(%addr, "the server does not offer TLS; plaintext (sslmode=prefer)");
+                            let (r, w) = stream.into_split();
+                            return Ok(Opened {
+                                rd: Box::new(r),
+                                wr: Box::new(w),
+                                tls: false,
+                            });
+                        }
+                        other => {
+                            return Err(ReplicationError::Protocol(format!(
+                                "unexpected answer {:?} to the SSLRequest",
+                                other as char
+                            )));
+                        }
+                    }
+                }
+                let stream = tls.handshake(name, stream).await.map_err(|e| {
+                    if e.fatal {
+                        ReplicationError::Tls(e)
+                    } else {
+                        connect_err(std::io::Error::other(e.message))
+                    }
+                })?;
+                tracing::debug!(%addr, "TLS established");
+                let (r, w) = tokio::io::split(stream);
+                Ok(Opened {
+                    rd: Box::new(r),
+                    wr: Box::new(w),
+                    tls: true,
+                })
             }
             #[cfg(unix)]
             Target::Unix(path) => {
-                let stream = tokio::net::UnixStream::connect(path).await?;
+                let stream = tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(connect_err)?;
                 let (r, w) = stream.into_split();
-                Ok((Box::new(r), Box::new(w)))
+                Ok(Opened {
+                    rd: Box::new(r),
+                    wr: Box::new(w),
+                    tls: false,
+                })
             }
         }
     }
@@ -332,8 +446,11 @@ fn targets(config: &tokio_postgres::Config) -> Result<Vec<Target>, ReplicationEr
             .copied()
             .unwrap_or(DEFAULT_PORT);
         let target = match (hostaddrs.get(i), hosts.get(i)) {
-            (Some(addr), _) => Target::Tcp(addr.to_string(), port),
-            (None, Some(Host::Tcp(host))) => Target::Tcp(host.clone(), port),
+            (Some(addr), Some(Host::Tcp(host))) => {
+                Target::Tcp(addr.to_string(), port, host.clone())
+            }
+            (Some(addr), _) => Target::Tcp(addr.to_string(), port, addr.to_string()),
+            (None, Some(Host::Tcp(host))) => Target::Tcp(host.clone(), port, host.clone()),
             #[cfg(unix)]
             (None, Some(Host::Unix(dir))) => Target::Unix(dir.join(format!(".s.PGSQL.{port}"))),
             (None, None) => unreachable!("n is the larger of both lengths"),
@@ -343,18 +460,31 @@ fn targets(config: &tokio_postgres::Config) -> Result<Vec<Target>, ReplicationEr
     Ok(out)
 }
 
-fn check_supported(config: &tokio_postgres::Config) -> Result<(), ReplicationError> {
-    match config.get_ssl_mode() {
-        SslMode::Disable | SslMode::Prefer => {}
-        other => {
-            return Err(ReplicationError::Unsupported(format!(
-                "TLS (sslmode={other:?}) is not supported yet; use sslmode=disable or prefer"
-            )));
-        }
+/// A plaintext session refused by pg_hba.conf's `hostssl` lines gets the fix
+/// as its hint.
+fn explain_no_tls(err: ReplicationError) -> ReplicationError {
+    match err {
+        ReplicationError::Server {
+            severity,
+            code,
+            message,
+            detail,
+            hint: None,
+        } if super::refused_for_no_tls(&code, &message) => ReplicationError::Server {
+            severity,
+            code,
+            message,
+            detail,
+            hint: Some(NEEDS_TLS_HINT.to_string()),
+        },
+        other => other,
     }
+}
+
+fn check_supported(config: &tokio_postgres::Config) -> Result<(), ReplicationError> {
     if config.get_channel_binding() == tokio_postgres::config::ChannelBinding::Require {
         return Err(ReplicationError::Unsupported(
-            "channel_binding=require needs TLS, which is not supported yet".into(),
+            "channel_binding=require is not supported; remove it from source.url".into(),
         ));
     }
     Ok(())
@@ -362,13 +492,16 @@ fn check_supported(config: &tokio_postgres::Config) -> Result<(), ReplicationErr
 
 impl ReplicationConnection {
     /// Connects with the host/port/user/password/dbname of `config`, trying each
-    /// host in order until a socket opens (like libpq, an authentication or
-    /// server error on a reachable host is returned, not skipped), then
-    /// authenticates and waits for ReadyForQuery.
+    /// host in order until a socket opens (like libpq, an authentication,
+    /// TLS or server error on a reachable host is returned, not skipped), then
+    /// negotiates TLS as `config`'s TLS settings say, authenticates and waits
+    /// for ReadyForQuery.
     pub async fn connect(
-        config: &tokio_postgres::Config,
+        params: &impl ConnectParams,
         application_name: &str,
     ) -> Result<Self, ReplicationError> {
+        let config = params.pg();
+        let tls = params.tls();
         check_supported(config)?;
         let user = match config.get_user() {
             Some(user) => user.to_owned(),
@@ -382,22 +515,27 @@ impl ReplicationConnection {
         let targets = targets(config)?;
         let timeout = config.get_connect_timeout().copied();
 
+        let negotiation = config.get_ssl_negotiation();
         let mut last_err = None;
         for target in &targets {
             let addr = target.describe();
+            let open = target.open(&tls, negotiation);
             let opened = match timeout {
-                Some(t) => match tokio::time::timeout(t, target.open()).await {
+                Some(t) => match tokio::time::timeout(t, open).await {
                     Ok(r) => r,
-                    Err(_) => Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!("timed out after {t:?}"),
-                    )),
+                    Err(_) => Err(ReplicationError::Connect {
+                        addr: addr.clone(),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("timed out after {t:?}"),
+                        ),
+                    }),
                 },
-                None => target.open().await,
+                None => open.await,
             };
             match opened {
-                Ok((rd, wr)) => {
-                    tracing::debug!(%addr, "replication socket open");
+                Ok(Opened { rd, wr, tls }) => {
+                    tracing::debug!(%addr, tls, "replication socket open");
                     let mut conn = ReplicationConnection {
                         reader: FrameReader::new(rd),
                         writer: wr,
@@ -405,13 +543,17 @@ impl ReplicationConnection {
                         parameters: HashMap::new(),
                         backend_pid: None,
                     };
-                    conn.startup(config, &user, application_name).await?;
-                    return Ok(conn);
+                    return match conn.startup(config, &user, application_name).await {
+                        Ok(()) => Ok(conn),
+                        Err(e) if !tls => Err(explain_no_tls(e)),
+                        Err(e) => Err(e),
+                    };
                 }
-                Err(source) => {
-                    tracing::warn!(%addr, error = %source, "cannot open replication socket");
-                    last_err = Some(ReplicationError::Connect { addr, source });
+                Err(e @ ReplicationError::Connect { .. }) => {
+                    tracing::warn!(%addr, error = %e, "cannot open replication socket");
+                    last_err = Some(e);
                 }
+                Err(e) => return Err(e),
             }
         }
         Err(last_err.expect("targets() never returns an empty list"))
@@ -1055,18 +1197,84 @@ mod tests {
         assert_eq!(ReplicationError::Closed.code(), None);
     }
 
+    /// A one-connection fake server that answers 'N' to the SSLRequest, then
+    /// (if the client goes on in plaintext) reads the startup packet and
+    /// refuses it as pg_hba.conf's `hostssl`-only lines do.
+    async fn server_without_tls() -> (u16, tokio::task::JoinHandle<Vec<u8>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 8];
+            sock.read_exact(&mut req).await.unwrap();
+            sock.write_all(b"N").await.unwrap();
+            let mut startup = Vec::new();
+            let mut len = [0u8; 4];
+            if sock.read_exact(&mut len).await.is_ok() {
+                let mut rest = vec![0u8; u32::from_be_bytes(len) as usize - 4];
+                sock.read_exact(&mut rest).await.unwrap();
+                startup = rest;
+                let mut body = Vec::new();
+                for (t, v) in [
+                    (b'S', "FATAL"),
+                    (b'V', "FATAL"),
+                    (b'C', "28000"),
+                    (
+                        b'M',
+                        "no pg_hba.conf entry for host \"127.0.0.1\", user \"x\", database \"x\", no encryption",
+                    ),
+                ] {
+                    body.push(t);
+                    body.extend_from_slice(v.as_bytes());
+                    body.push(0);
+                }
+                body.push(0);
+                let mut msg = vec![b'E'];
+                msg.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+                msg.extend_from_slice(&body);
+                sock.write_all(&msg).await.unwrap();
+            }
+            req.iter().copied().chain(startup).collect()
+        });
+        (port, task)
+    }
+
     #[tokio::test]
-    async fn tls_modes_are_rejected_before_connecting() {
-        let config: tokio_postgres::Config = "host=127.0.0.1 port=1 user=x sslmode=require"
+    async fn require_refuses_a_server_without_tls() {
+        let (port, server) = server_without_tls().await;
+        let config: tokio_postgres::Config =
+            format!("host=127.0.0.1 port={port} user=x sslmode=require")
+                .parse()
+                .unwrap();
+        let err = ReplicationConnection::connect(&config, "t")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ReplicationError::Tls(ref e) if e.message == "the server does not support TLS (sslmode=require)"),
+            "{err}"
+        );
+        let seen = server.await.unwrap();
+        // SSLRequest: length 8, code 80877103.
+        assert_eq!(&seen[..8], &[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]);
+    }
+
+    #[tokio::test]
+    async fn prefer_falls_back_to_plaintext_and_explains_a_hostssl_refusal() {
+        let (port, server) = server_without_tls().await;
+        let config: tokio_postgres::Config = format!("host=127.0.0.1 port={port} user=x")
             .parse()
             .unwrap();
         let err = ReplicationConnection::connect(&config, "t")
             .await
             .unwrap_err();
+        assert_eq!(err.code(), Some("28000"));
         assert!(
-            matches!(err, ReplicationError::Unsupported(ref m) if m.contains("TLS")),
+            err.to_string()
+                .contains("hint: the server requires TLS: set sslmode=require"),
             "{err}"
         );
+        let seen = server.await.unwrap();
+        assert!(seen.len() > 8, "no startup packet after 'N'");
     }
 
     #[tokio::test]

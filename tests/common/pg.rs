@@ -5,6 +5,12 @@
 //! the temp folder and a free port; dropping it stops the server
 //! (scripts/pg-stop.sh) and removes the folder. The methods block (a few
 //! seconds at most), which is fine from #[tokio::test] too.
+//!
+//! `DedicatedPg::start_tls()` is the same server with `ssl = on`, a
+//! certificate for `localhost` and `127.0.0.1` signed by a CA made for the
+//! test (`ca_file()`; `other_ca_file()` is an unrelated CA), and a
+//! pg_hba.conf that allows TCP only over TLS (`hostssl`); the Unix socket
+//! (`socket_url()`) stays open for the test's own plaintext sessions.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -14,6 +20,33 @@ pub struct DedicatedPg {
     root: PathBuf,
     port: u16,
     url: String,
+}
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// Runs `openssl` with `args` split at spaces.
+fn openssl(dir: &Path, args: &str) {
+    let out = Command::new("openssl")
+        .args(args.split_whitespace())
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run openssl (Debian: apt-get install openssl): {e}"));
+    check(&format!("openssl {args}"), out);
+}
+
+/// A CA (`<name>.pem`, `<name>.key`) in `dir`.
+fn make_ca(dir: &Path, name: &str) {
+    openssl(
+        dir,
+        &format!(
+            "req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+             -subj /CN={name} -keyout {name}.key -out {name}.pem \
+             -addext basicConstraints=critical,CA:TRUE \
+             -addext keyUsage=critical,keyCertSign,cRLSign"
+        ),
+    );
 }
 
 fn script(name: &str) -> PathBuf {
@@ -96,6 +129,85 @@ impl DedicatedPg {
         );
     }
 
+    /// Like [`start`](Self::start), with TLS on and TCP allowed only over TLS
+    /// (see the module doc).
+    pub fn start_tls() -> DedicatedPg {
+        let pg = DedicatedPg::start();
+        let dir = pg.root.join("tls");
+        std::fs::create_dir_all(&dir).unwrap();
+        make_ca(&dir, "ca");
+        make_ca(&dir, "other-ca");
+        openssl(
+            &dir,
+            "req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+             -subj /CN=localhost -keyout server.key -out server.csr",
+        );
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName = DNS:localhost, IP:127.0.0.1\n\
+             basicConstraints = critical, CA:FALSE\n\
+             keyUsage = critical, digitalSignature\n\
+             extendedKeyUsage = serverAuth\n",
+        )
+        .unwrap();
+        openssl(
+            &dir,
+            "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+             -extfile server.ext -out server.pem",
+        );
+        // Postgres refuses a key file others can read, or owned by another user.
+        let key = dir.join("server.key");
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        if is_root() {
+            check(
+                "chown",
+                Command::new("chown")
+                    .args(["-R", "postgres:postgres"])
+                    .arg(&dir)
+                    .output()
+                    .unwrap(),
+            );
+        }
+        let data = pg.root.join("data");
+        let mut conf = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
+        conf.push_str(&format!(
+            "ssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+            dir.join("server.pem").display(),
+            key.display()
+        ));
+        std::fs::write(data.join("postgresql.conf"), conf).unwrap();
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\n\
+             local replication all trust\n\
+             hostssl all all 127.0.0.1/32 trust\n\
+             hostssl replication all 127.0.0.1/32 trust\n\
+             hostssl all all ::1/128 trust\n\
+             hostssl replication all ::1/128 trust\n",
+        )
+        .unwrap();
+        pg.restart();
+        pg
+    }
+
+    /// The CA that signed the server's certificate (TLS servers only).
+    pub fn ca_file(&self) -> PathBuf {
+        self.root.join("tls").join("ca.pem")
+    }
+
+    /// A CA that did not sign it.
+    pub fn other_ca_file(&self) -> PathBuf {
+        self.root.join("tls").join("other-ca.pem")
+    }
+
+    /// The server over its Unix socket (no TLS needed there):
+    /// `postgres://postgres@<percent-encoded socket dir>:<port>/postgres`.
+    pub fn socket_url(&self) -> String {
+        let dir = self.root.to_string_lossy().replace('/', "%2F");
+        format!("postgres://postgres@{dir}:{}/postgres", self.port)
+    }
+
     /// `postgres://postgres@127.0.0.1:<port>/postgres` (trust auth).
     pub fn url(&self) -> &str {
         &self.url
@@ -114,8 +226,7 @@ impl DedicatedPg {
     /// when running as root (Postgres refuses to run as root).
     fn pg_ctl(&self, args: &[&str]) -> Output {
         let pg_ctl = pg_bin().join("pg_ctl");
-        let is_root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
-        let mut cmd = if is_root {
+        let mut cmd = if is_root() {
             let mut c = Command::new("runuser");
             c.args(["-u", "postgres", "--"]).arg(pg_ctl);
             c
