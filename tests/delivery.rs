@@ -24,6 +24,7 @@ async fn archived_seqs(prefix: &str) -> Vec<u64> {
     let mut seqs: Vec<u64> = s3_objects(prefix)
         .await
         .iter()
+        .filter(|o| o.key.ends_with(".ndjson"))
         .flat_map(|o| {
             o.body
                 .lines()
