@@ -21,23 +21,7 @@ fn s3_addr() -> std::net::SocketAddr {
 
 /// Seqs present in the archive under `prefix`.
 async fn archived_seqs(prefix: &str) -> Vec<u64> {
-    let mut seqs: Vec<u64> = s3_objects(prefix)
-        .await
-        .iter()
-        .filter(|o| o.key.ends_with(".ndjson"))
-        .flat_map(|o| {
-            o.body
-                .lines()
-                .map(|l| {
-                    serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"]
-                        .as_u64()
-                        .unwrap()
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    seqs.sort();
-    seqs
+    seqs_of(&s3_objects(prefix).await)
 }
 
 fn parked_lines(w: &Waltail) -> (usize, usize) {

@@ -15,24 +15,7 @@ use common::*;
 
 /// Seqs present in the archive under `prefix` (with repeats, if any).
 async fn archived_seqs(s3: &DedicatedS3, prefix: &str) -> Vec<u64> {
-    let mut seqs: Vec<u64> = s3
-        .objects(prefix)
-        .await
-        .iter()
-        .filter(|o| o.key.ends_with(".ndjson"))
-        .flat_map(|o| {
-            o.body
-                .lines()
-                .map(|l| {
-                    serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"]
-                        .as_u64()
-                        .unwrap()
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    seqs.sort();
-    seqs
+    seqs_of(&s3.objects(prefix).await)
 }
 
 /// (parked, held) batches in `waltail parked list`.

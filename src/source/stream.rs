@@ -288,38 +288,23 @@ impl Decoder {
             &RelationInfo,
         ) -> Result<(Op, Option<Vec<u8>>, Option<Vec<u8>>, u64, Option<u64>)>,
     ) -> Result<()> {
-        if let Some(top) = self.in_stream {
-            let rel = self.relations.get(&rel_id).ok_or_else(|| {
-                protocol(&format!(
-                    "a change for relation {rel_id} before its Relation message"
-                ))
-            })?;
-            let (op, data, old, hash, other) = build(rel)?;
-            let mut rows = RowSet::one(hash);
-            if let Some(h) = other {
-                rows.push(h);
+        // A regular transaction numbers its changes as they come; a streamed
+        // one when it commits (its commit LSN is not known before).
+        let position = match self.in_stream {
+            Some(_) => None,
+            None => {
+                let txn = self
+                    .txn
+                    .as_mut()
+                    .ok_or_else(|| protocol("a change outside a transaction"))?;
+                let index = txn.index;
+                txn.index += 1;
+                if txn.skip {
+                    return Ok(());
+                }
+                Some((txn.commit_lsn, txn.commit_ts, index))
             }
-            let change = Change {
-                op,
-                table: rel.table.clone(),
-                data,
-                old,
-                commit_lsn: 0,
-                commit_ts: 0,
-                index: 0,
-                rows,
-            };
-            return self.streams.push(top, self.msg_xid.unwrap_or(top), change);
-        }
-        let txn = self
-            .txn
-            .as_mut()
-            .ok_or_else(|| protocol("a change outside a transaction"))?;
-        let index = txn.index;
-        txn.index += 1;
-        if txn.skip {
-            return Ok(());
-        }
+        };
         let rel = self.relations.get(&rel_id).ok_or_else(|| {
             protocol(&format!(
                 "a change for relation {rel_id} before its Relation message"
@@ -330,17 +315,24 @@ impl Decoder {
         if let Some(h) = other {
             rows.push(h);
         }
-        out.push(SourceEvent::Change(Change {
+        let (commit_lsn, commit_ts, index) = position.unwrap_or_default();
+        let change = Change {
             op,
             table: rel.table.clone(),
             data,
             old,
-            commit_lsn: txn.commit_lsn,
-            commit_ts: txn.commit_ts,
+            commit_lsn,
+            commit_ts,
             index,
             rows,
-        }));
-        Ok(())
+        };
+        match self.in_stream {
+            Some(top) => self.streams.push(top, self.msg_xid.unwrap_or(top), change),
+            None => {
+                out.push(SourceEvent::Change(change));
+                Ok(())
+            }
+        }
     }
 }
 

@@ -351,7 +351,11 @@ pub fn admin_store() -> Arc<dyn ObjectStore> {
 
 /// Every object under `prefix` in the test bucket.
 pub async fn s3_objects(prefix: &str) -> Vec<Object> {
-    let store = admin_store();
+    objects_in(admin_store().as_ref(), prefix).await
+}
+
+/// Every object under `prefix` in `store`, with its content type, by key.
+pub async fn objects_in(store: &dyn ObjectStore, prefix: &str) -> Vec<Object> {
     let metas: Vec<_> = store
         .list(Some(&ObjectPath::from(prefix)))
         .try_collect()
@@ -504,6 +508,26 @@ pub fn replay(changes: &[Value]) -> BTreeMap<String, BTreeMap<String, Value>> {
         }
     }
     tables
+}
+
+/// The seqs of the change lines in `objects`, sorted.
+pub fn seqs_of(objects: &[Object]) -> Vec<u64> {
+    let mut seqs: Vec<u64> = objects
+        .iter()
+        .filter(|o| o.key.ends_with(".ndjson"))
+        .flat_map(|o| {
+            o.body
+                .lines()
+                .map(|l| {
+                    serde_json::from_str::<Value>(l).unwrap()["seq"]
+                        .as_u64()
+                        .unwrap()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    seqs.sort();
+    seqs
 }
 
 /// Polls until `check` returns true, or fails with `what`.

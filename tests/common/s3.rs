@@ -14,10 +14,8 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
-use object_store::path::Path as ObjectPath;
-use object_store::{Attribute, ObjectStore, ObjectStoreExt};
+use object_store::ObjectStore;
 
 use super::{Object, Waltail};
 
@@ -223,28 +221,7 @@ impl DedicatedS3 {
     /// Every object under `prefix`, sorted by key (as `s3_objects` does for
     /// the shared store).
     pub async fn objects(&self, prefix: &str) -> Vec<Object> {
-        let store = self.admin_store();
-        let metas: Vec<_> = store
-            .list(Some(&ObjectPath::from(prefix)))
-            .try_collect()
-            .await
-            .unwrap();
-        let mut out = Vec::new();
-        for meta in metas {
-            let got = store.get(&meta.location).await.unwrap();
-            let content_type = got
-                .attributes
-                .get(&Attribute::ContentType)
-                .map(|v| v.to_string());
-            let body = String::from_utf8(got.bytes().await.unwrap().to_vec()).unwrap();
-            out.push(Object {
-                key: meta.location.to_string(),
-                body,
-                content_type,
-            });
-        }
-        out.sort_by(|a, b| a.key.cmp(&b.key));
-        out
+        super::objects_in(self.admin_store().as_ref(), prefix).await
     }
 }
 
