@@ -68,6 +68,11 @@ CREATE TABLE IF NOT EXISTS intents (
     last_seq  INTEGER NOT NULL,
     done      INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS progress (
+    at        INTEGER PRIMARY KEY,
+    next_seq  INTEGER NOT NULL,
+    last_key  TEXT
+);
 CREATE TABLE IF NOT EXISTS schemas (
     tbl         TEXT NOT NULL,
     version     INTEGER NOT NULL,
@@ -416,6 +421,59 @@ impl Checkpoint {
             )
             .map(|_| ())
             .map_err(self.err())
+    }
+}
+
+/// A progress sample: at `at` (Unix seconds) the next seq was `next_seq`
+/// and the last object written was `last_key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    pub at: i64,
+    pub next_seq: u64,
+    pub last_key: Option<String>,
+}
+
+/// Samples older than this are dropped: `waltail status` shows the recent rate.
+const PROGRESS_KEEP_SECS: i64 = 600;
+
+impl Checkpoint {
+    /// Records a progress sample (for `waltail status`), keeping ten minutes.
+    pub fn record_progress(&mut self, p: &Progress) -> Result<()> {
+        let path = self.path.display().to_string();
+        let err = |source| Error::State {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(err)?;
+        tx.execute(
+            "INSERT OR REPLACE INTO progress (at, next_seq, last_key) VALUES (?1, ?2, ?3)",
+            params![p.at, p.next_seq as i64, p.last_key],
+        )
+        .map_err(err)?;
+        tx.execute(
+            "DELETE FROM progress WHERE at < ?1",
+            [p.at - PROGRESS_KEEP_SECS],
+        )
+        .map_err(err)?;
+        tx.commit().map_err(err)
+    }
+
+    /// Progress samples, oldest first.
+    pub fn progress(&self) -> Result<Vec<Progress>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT at, next_seq, last_key FROM progress ORDER BY at")
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(Progress {
+                    at: r.get(0)?,
+                    next_seq: r.get::<_, i64>(1)? as u64,
+                    last_key: r.get(2)?,
+                })
+            })
+            .map_err(self.err())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.err())
     }
 }
 

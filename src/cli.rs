@@ -48,6 +48,12 @@ pub enum Command {
         #[arg(long)]
         recreate_slot: bool,
     },
+    /// Where the pipeline stands: position, lag, rate, parked batches
+    Status {
+        /// One JSON object instead of text
+        #[arg(long)]
+        json: bool,
+    },
     /// Batches that failed every attempt, and the batches held behind them
     #[command(subcommand)]
     Parked(ParkedCommand),
@@ -94,6 +100,7 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Check => check(&config).await,
             Command::Run { recreate_slot } => run(&config, RunOptions { recreate_slot }).await,
+            Command::Status { json } => crate::status::status(&config, json).await,
             Command::Parked(ParkedCommand::List) => crate::delivery::parking::list(&config),
             Command::Parked(ParkedCommand::Replay { id, all: _ }) => {
                 crate::delivery::parking::replay(&config, id).await

@@ -25,6 +25,7 @@ pub mod error;
 pub mod pipeline;
 pub mod sink;
 pub mod source;
+pub mod status;
 pub mod telemetry;
 
 pub use error::{Error, Result};

@@ -26,7 +26,7 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::batch::{Batch, Batcher, Cut};
-use crate::checkpoint::{self, Checkpoint, Cursor, ParkStatus, Parked};
+use crate::checkpoint::{self, Checkpoint, Cursor, ParkStatus, Parked, Progress};
 use crate::config::{Config, quote_ident};
 use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
 use crate::envelope;
@@ -50,6 +50,8 @@ const STATUS_INTERVAL: Duration = Duration::from_secs(10);
 const CONFIRM_INTERVAL: Duration = Duration::from_millis(100);
 /// How often the state is checked for replay requests from `waltail parked replay`.
 const REPLAY_POLL: Duration = Duration::from_millis(500);
+/// How often progress (next seq, last object) is sampled for `waltail status`.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// Archived objects are logged one by one when they are at least this far
 /// apart, else summarised, so a busy pipeline logs a line per interval.
 const LOG_EVERY: Duration = Duration::from_secs(2);
@@ -439,6 +441,8 @@ struct Stats {
     last_key: String,
     logged: Option<Instant>,
     since_log: u64,
+    /// When progress was last sampled into the state.
+    sampled: Option<Instant>,
 }
 
 impl Stats {
@@ -845,6 +849,18 @@ impl Pipeline<'_> {
 
     /// Persists done marks and the cursor, then lets the feedback task confirm.
     fn persist(&mut self) -> Result<()> {
+        if self
+            .stats
+            .sampled
+            .is_none_or(|t| t.elapsed() >= PROGRESS_EVERY)
+        {
+            self.checkpoint.record_progress(&Progress {
+                at: chrono::Utc::now().timestamp(),
+                next_seq: self.next_seq,
+                last_key: (!self.stats.last_key.is_empty()).then(|| self.stats.last_key.clone()),
+            })?;
+            self.stats.sampled = Some(Instant::now());
+        }
         if !self.dirty && self.done.is_empty() {
             return Ok(());
         }

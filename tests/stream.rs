@@ -271,3 +271,43 @@ async fn an_idle_publication_does_not_hold_wal() {
     w.stop();
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn status_shows_position_rate_slot_and_lag() {
+    let db = TestDb::new("status").await;
+    db.exec(TABLES).await;
+    let pipeline = unique("status").replace('_', "-");
+    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
+    let (status, _, stderr) = w.output(&["status"]);
+    assert_eq!(status.code(), Some(1), "no state yet: {stderr}");
+    assert!(stderr.contains("waltail run"), "{stderr}");
+    w.start();
+    mixed_workload(&db, 31, 40, 0).await;
+    let root = w.dir.path().join("waltail-archive");
+    let read = async || file_objects(&root);
+    let changes = wait_replay_equals(&db, read, None, &pipeline).await;
+    // Let a progress sample with the last object land (every 5 s).
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (ok, stdout, stderr) = w.output(&["status", "--json"]);
+    assert!(ok.success(), "{stderr}");
+    let s: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(s["pipeline"], pipeline.as_str());
+    assert_eq!(s["next_seq"], changes.len() + 1);
+    assert!(
+        s["last_object"].as_str().unwrap().ends_with(".ndjson"),
+        "{s}"
+    );
+    assert_eq!(s["parked"], 0);
+    assert_eq!(s["slot"]["exists"], true);
+    assert!(s["slot"]["active_pid"].is_i64(), "{s}");
+    assert!(s["slot"]["lag_bytes"].as_i64().unwrap() < 10_000_000, "{s}");
+    let (_, text, _) = w.output(&["status"]);
+    assert!(
+        text.contains("active (walsender pid") && text.contains("server WAL"),
+        "{text}"
+    );
+    w.stop();
+    let (_, text, _) = w.output(&["status"]);
+    assert!(text.contains("inactive"), "{text}");
+    db.drop_db().await;
+}
