@@ -81,42 +81,135 @@ impl std::fmt::Debug for SourceConfig {
     }
 }
 
-/// A schema-qualified table name as configured (`public.orders`, or `orders`
-/// for the public schema).
+/// A schema-qualified table name as configured.
+///
+/// How `source.tables` entries are read:
+/// - `schema.table`, split at the dot; `orders` alone means `public.orders`.
+///   Names are taken exactly as written (case-sensitive, never folded to
+///   lower case), with surrounding spaces trimmed.
+/// - Either part may be written SQL-style in double quotes, with `""` for a
+///   quote: `"My Schema"."My.Table"`, `public."quo""te"`. A name needs quotes
+///   when it holds a dot or a double quote, or starts or ends with a space.
+///   (In TOML, single-quoted strings avoid escaping: `'public."a.b"'`.)
+/// - Each part is 1 to 63 bytes (Postgres's limit) without control
+///   characters; anything else is refused at load, before any SQL runs.
+/// - `WALTAIL_SOURCE_TABLES` is split at commas, so a name holding a comma
+///   can only be listed in the file.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TableName {
     pub schema: String,
     pub name: String,
 }
 
+/// Postgres truncates identifiers to 63 bytes (NAMEDATALEN - 1).
+const MAX_IDENT_BYTES: usize = 63;
+
 impl TableName {
     /// The name quoted for SQL: `"public"."orders"`.
     pub fn quoted(&self) -> String {
         format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
     }
+
+    /// The name as it is written in `source.tables`: plain `schema.table`
+    /// when that reads back the same, each part quoted where needed.
+    pub fn config_form(&self) -> String {
+        fn part(s: &str) -> String {
+            if s.is_empty() || s.contains(['.', '"']) || s.trim() != s {
+                quote_ident(s)
+            } else {
+                s.to_string()
+            }
+        }
+        format!("{}.{}", part(&self.schema), part(&self.name))
+    }
 }
 
 impl std::fmt::Display for TableName {
+    /// `schema.table` unquoted, as the archive's `table` field spells it.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}.{}", self.schema, self.name)
     }
 }
 
+/// One part of a table entry: a quoted identifier (`""` for a quote) or plain
+/// text up to the next dot. Returns the part and the text after it.
+fn table_part(s: &str) -> Result<(String, &str), String> {
+    let s = s.trim_start();
+    if let Some(body) = s.strip_prefix('"') {
+        let mut out = String::new();
+        let mut chars = body.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            if c == '"' {
+                if chars.peek().map(|&(_, n)| n) == Some('"') {
+                    chars.next();
+                    out.push('"');
+                } else {
+                    return Ok((out, body[i + 1..].trim_start()));
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        Err("a quoted name has no closing quote".into())
+    } else {
+        let end = s.find('.').unwrap_or(s.len());
+        let part = s[..end].trim_end();
+        if part.contains('"') {
+            return Err(
+                "a quote inside a plain name; quote the whole name, with \"\" for a quote".into(),
+            );
+        }
+        Ok((part.to_string(), &s[end..]))
+    }
+}
+
+fn check_part(what: &str, part: &str) -> Result<(), String> {
+    if part.is_empty() {
+        return Err(format!("the {what} name is empty"));
+    }
+    if part.len() > MAX_IDENT_BYTES {
+        return Err(format!(
+            "the {what} name is {} bytes; Postgres names are at most {MAX_IDENT_BYTES}",
+            part.len()
+        ));
+    }
+    if part.chars().any(char::is_control) {
+        return Err(format!("the {what} name holds a control character"));
+    }
+    Ok(())
+}
+
 impl FromStr for TableName {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let (schema, name) = match s.split_once('.') {
-            Some((schema, name)) => (schema, name),
-            None => ("public", s),
-        };
-        if schema.is_empty() || name.is_empty() || name.contains('.') {
-            return Err(format!(
-                "{s:?} is not a table name; write schema.table, e.g. \"public.orders\""
-            ));
-        }
-        Ok(TableName {
-            schema: schema.to_string(),
-            name: name.to_string(),
+        let parsed = (|| {
+            let (first, rest) = table_part(s)?;
+            let (schema, name) = if rest.is_empty() {
+                ("public".to_string(), first)
+            } else if let Some(rest) = rest.strip_prefix('.') {
+                let (second, rest) = table_part(rest)?;
+                if rest.starts_with('.') {
+                    return Err(
+                        "more than one dot; quote a name that holds a dot: \"schema\".\"my.table\""
+                            .to_string(),
+                    );
+                }
+                if !rest.is_empty() {
+                    return Err("text after the closing quote".to_string());
+                }
+                (first, second)
+            } else {
+                return Err("text after the closing quote".to_string());
+            };
+            check_part("schema", &schema)?;
+            check_part("table", &name)?;
+            Ok(TableName { schema, name })
+        })();
+        parsed.map_err(|why: String| {
+            format!(
+                "{s:?} is not a table name ({why}); write schema.table, e.g. \"public.orders\", \
+                 and quote names holding dots or quotes SQL-style: \"My Schema\".\"My.Table\""
+            )
         })
     }
 }
@@ -298,42 +391,44 @@ impl Config {
         let vars: BTreeMap<String, String> = std::env::vars()
             .filter(|(k, _)| k.starts_with("WALTAIL_"))
             .collect();
-        let (text, origin) = match path {
-            Some(p) => (
-                Some(std::fs::read_to_string(p).map_err(|e| {
-                    Error::config(format!("cannot read the config file {}: {e}", p.display()))
-                })?),
-                p.display().to_string(),
-            ),
-            None => {
-                let default = Path::new(DEFAULT_CONFIG_FILE);
-                if default.exists() {
-                    (
-                        Some(std::fs::read_to_string(default).map_err(|e| {
-                            Error::config(format!("cannot read {DEFAULT_CONFIG_FILE}: {e}"))
-                        })?),
-                        DEFAULT_CONFIG_FILE.to_string(),
-                    )
-                } else {
-                    (None, "the environment".to_string())
-                }
-            }
-        };
-        Config::from_parts(text.as_deref(), &origin, &vars)
+        Config::load_with(path, &vars)
     }
 
-    /// Builds a configuration from the file's text and the `WALTAIL_*` variables.
+    /// [`Config::load`] with the `WALTAIL_*` variables given.
+    pub fn load_with(path: Option<&Path>, vars: &BTreeMap<String, String>) -> Result<Config> {
+        let default = Path::new(DEFAULT_CONFIG_FILE);
+        let file = match path {
+            Some(p) => p,
+            None if default.exists() => default,
+            None => return Config::from_parts(None, "the environment", vars),
+        };
+        let origin = file.display().to_string();
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| Error::config(format!("cannot read the config file {origin}: {e}")))?;
+        let table = parse_toml(&text, &origin)?;
+        check_file_mode(file, &table)?;
+        Config::from_table(table, &origin, vars)
+    }
+
+    /// Builds a configuration from the file's text and the `WALTAIL_*` variables
+    /// (no file permission check: there is no file).
     pub fn from_parts(
         text: Option<&str>,
         origin: &str,
         vars: &BTreeMap<String, String>,
     ) -> Result<Config> {
-        let mut table: toml::Table = match text {
-            Some(t) => t
-                .parse()
-                .map_err(|e: toml::de::Error| Error::config(format!("{origin}: {e}")))?,
+        let table = match text {
+            Some(t) => parse_toml(t, origin)?,
             None => toml::Table::new(),
         };
+        Config::from_table(table, origin, vars)
+    }
+
+    fn from_table(
+        mut table: toml::Table,
+        origin: &str,
+        vars: &BTreeMap<String, String>,
+    ) -> Result<Config> {
         apply_env(&mut table, vars)?;
         let raw = RawConfig::deserialize(table)
             .map_err(|e| Error::config(format!("{origin}: {}", e.message().trim_end())))?;
@@ -344,6 +439,88 @@ impl Config {
     pub fn state_file(&self) -> PathBuf {
         self.state_dir.join(format!("{}.sqlite", self.pipeline))
     }
+}
+
+/// Parses the file. The error gives the line, column and reason but never
+/// the line's text, which may hold a secret.
+fn parse_toml(text: &str, origin: &str) -> Result<toml::Table> {
+    text.parse().map_err(|e: toml::de::Error| {
+        let at = e
+            .span()
+            .map(|span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+                format!(" at line {line}, column {column}")
+            })
+            .unwrap_or_default();
+        Error::config(format!(
+            "{origin}: not valid TOML{at}: {}",
+            e.message().trim_end()
+        ))
+    })
+}
+
+/// The secret a config file holds, if any: `destination.secret_access_key`
+/// or a password in `source.url`.
+fn file_secret(table: &toml::Table) -> Option<&'static str> {
+    let section = |name: &str| table.get(name).and_then(toml::Value::as_table);
+    if section("destination").is_some_and(|d| d.contains_key("secret_access_key")) {
+        return Some("destination.secret_access_key");
+    }
+    let url = section("source")
+        .and_then(|s| s.get("url"))
+        .and_then(toml::Value::as_str)?;
+    url_has_password(url).then_some("a password in source.url")
+}
+
+/// Whether a connection string holds a password.
+fn url_has_password(url: &str) -> bool {
+    let parsed = crate::source::tls::extract(url)
+        .ok()
+        .and_then(|(pg_url, _)| tokio_postgres::Config::from_str(&pg_url).ok());
+    match parsed {
+        Some(pg) => pg.get_password().is_some(),
+        // Unparseable: assume a password if redaction would hide anything.
+        None => redact_url(url) != url,
+    }
+}
+
+/// A config file holding a secret must be private to its owner.
+#[cfg(unix)]
+fn check_file_mode(file: &Path, table: &toml::Table) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(secret) = file_secret(table) else {
+        return Ok(());
+    };
+    let mode = std::fs::metadata(file)
+        .map_err(|e| {
+            Error::config(format!(
+                "cannot read the config file {}: {e}",
+                file.display()
+            ))
+        })?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        let env = if secret.starts_with("destination") {
+            "WALTAIL_DESTINATION_SECRET_ACCESS_KEY"
+        } else {
+            "PGPASSWORD"
+        };
+        return Err(Error::config(format!(
+            "the config file {f} holds {secret} but other users may read it (mode {:03o}): \
+             run `chmod 600 {f}`, or move the secret out of the file into {env}",
+            mode & 0o777,
+            f = file.display()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn check_file_mode(_file: &Path, _table: &toml::Table) -> Result<()> {
+    Ok(())
 }
 
 fn apply_env(table: &mut toml::Table, vars: &BTreeMap<String, String>) -> Result<()> {
@@ -465,9 +642,22 @@ fn validate(raw: RawConfig) -> Result<Config> {
         let name: TableName = t
             .parse()
             .map_err(|e| Error::config(format!("source.tables: {e}")))?;
-        if !tables.contains(&name) {
-            tables.push(name);
+        if tables.contains(&name) {
+            continue;
         }
+        // The archive's `table` field and schema records name a table
+        // `schema.table`: two tables must not read the same.
+        if let Some(other) = tables
+            .iter()
+            .find(|o: &&TableName| o.to_string() == name.to_string())
+        {
+            return Err(Error::config(format!(
+                "source.tables: {} and {} would both be archived as \"{name}\"; archive them in separate pipelines",
+                other.config_form(),
+                name.config_form()
+            )));
+        }
+        tables.push(name);
     }
     let derived = format!("waltail_{}", pipeline.replace('-', "_"));
     let publication = source.publication.unwrap_or_else(|| derived.clone());
@@ -482,9 +672,12 @@ fn validate(raw: RawConfig) -> Result<Config> {
             "source.slot = {slot:?}: Postgres allows 1 to 63 characters of a-z, 0-9 and _ in slot names"
         )));
     }
-    if publication.is_empty() || publication.len() > 63 {
+    if publication.is_empty()
+        || publication.len() > MAX_IDENT_BYTES
+        || publication.chars().any(char::is_control)
+    {
         return Err(Error::config(format!(
-            "source.publication = {publication:?}: use 1 to 63 characters"
+            "source.publication = {publication:?}: use 1 to 63 bytes without control characters"
         )));
     }
 
@@ -583,9 +776,10 @@ fn destination(d: RawDestination) -> Result<DestinationConfig> {
         Some(p) => {
             if p.split('/')
                 .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+                || p.chars().any(char::is_control)
             {
                 return Err(Error::config(format!(
-                    "destination.prefix = {p:?}: use path segments separated by single '/', without '.' or '..'"
+                    "destination.prefix = {p:?}: use path segments separated by single '/', without '.', '..' or control characters"
                 )));
             }
             Some(p.to_string())
@@ -655,30 +849,92 @@ fn destination(d: RawDestination) -> Result<DestinationConfig> {
     }
 }
 
-/// The connection string with any password replaced, for messages.
+/// The connection string with any password replaced by `***`, for messages.
+///
+/// URL form: the password from the user's `:` to the last `@` before the
+/// query (so an unencoded `@`, `/`, `?` or `:` in it is hidden too), and any
+/// `password=` query parameter. Key/value form: every `password=` value,
+/// quoted (`'...'`, with `\'`) or plain.
 pub fn redact_url(url: &str) -> String {
-    // URL form: scheme://user:password@host...
-    if let Some(rest) = url.split_once("://").map(|(_, r)| r)
-        && let Some((userinfo, _)) = rest.split_once('@')
-        && let Some((_, password)) = userinfo.split_once(':')
-        && !password.is_empty()
-    {
-        return url.replacen(&format!(":{password}@"), ":***@", 1);
-    }
-    // key=value form: password=...
-    let mut out = Vec::new();
-    for part in url.split_whitespace() {
-        if part.starts_with("password=") {
-            out.push("password=***".to_string());
+    if let Some(scheme_end) = url.find("://") {
+        let (head, rest) = url.split_at(scheme_end + 3);
+        // tokio-postgres reads the credentials up to the first '@' and the
+        // password from the first ':' in them; a password with an unencoded
+        // '@' runs on to the last '@' before the query.
+        let (main, query) = match rest.find('@') {
+            Some(first_at) => {
+                let query_at = rest[first_at..]
+                    .find('?')
+                    .map_or(rest.len(), |q| first_at + q);
+                let last_at = rest[..query_at].rfind('@').unwrap_or(first_at);
+                let main = match rest[..first_at].find(':') {
+                    Some(colon) => format!("{}:***{}", &rest[..colon], &rest[last_at..query_at]),
+                    None => rest[..query_at].to_string(),
+                };
+                (main, &rest[query_at..])
+            }
+            None => match rest.find('?') {
+                Some(q) => (rest[..q].to_string(), &rest[q..]),
+                None => (rest.to_string(), ""),
+            },
+        };
+        let query = if query.is_empty() {
+            String::new()
         } else {
-            out.push(part.to_string());
+            let params: Vec<String> = query[1..]
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.trim().eq_ignore_ascii_case("password") => {
+                        format!("{k}=***")
+                    }
+                    _ => kv.to_string(),
+                })
+                .collect();
+            format!("?{}", params.join("&"))
+        };
+        return format!("{head}{main}{query}");
+    }
+    redact_key_values(url)
+}
+
+/// `password=value` (spaces around `=` allowed, value plain or `'quoted'`)
+/// with the value replaced.
+fn redact_key_values(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(pos) = rest.find("password") {
+        let before_ok = pos == 0 || rest[..pos].ends_with(char::is_whitespace);
+        let after = &rest[pos + "password".len()..];
+        let after_ws = after.trim_start();
+        if !(before_ok && after_ws.starts_with('=')) {
+            out.push_str(&rest[..pos + "password".len()]);
+            rest = after;
+            continue;
         }
+        out.push_str(&rest[..pos]);
+        out.push_str("password=***");
+        let value = after_ws[1..].trim_start();
+        let end = if let Some(quoted) = value.strip_prefix('\'') {
+            let mut escaped = false;
+            let mut end = value.len();
+            for (i, c) in quoted.char_indices() {
+                if escaped {
+                    escaped = false;
+                } else if c == '\\' {
+                    escaped = true;
+                } else if c == '\'' {
+                    end = i + 2;
+                    break;
+                }
+            }
+            end
+        } else {
+            value.find(char::is_whitespace).unwrap_or(value.len())
+        };
+        rest = &value[end..];
     }
-    if url.contains("password=") {
-        out.join(" ")
-    } else {
-        url.to_string()
-    }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
@@ -848,5 +1104,262 @@ mod tests {
             "host=h password=*** user=u"
         );
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+    }
+
+    #[test]
+    fn redact_url_hides_awkward_passwords() {
+        for (url, secret) in [
+            ("postgres://u:p@ss@h/db", "ss@h"),
+            ("postgres://u:p/ss:w@h:5/db", "ss:w"),
+            (
+                "postgres://u@h/db?sslmode=disable&password=qwerty",
+                "qwerty",
+            ),
+            ("postgresql://u:%40pw@h/db", "%40pw"),
+            ("host=h password='a b\\' c' user=u", "b\\' c"),
+            ("host=h password = spaced user=u", "spaced"),
+            ("password=first host=h", "first"),
+        ] {
+            let r = redact_url(url);
+            assert!(!r.contains(secret), "{url} -> {r}");
+            assert!(r.contains("***"), "{url} -> {r}");
+        }
+        assert_eq!(
+            redact_url("host=h user=password dbname=d"),
+            "host=h user=password dbname=d"
+        );
+    }
+
+    #[test]
+    fn config_errors_never_show_secrets() {
+        // A TOML syntax error on the secret's own line.
+        let err = load(
+            "[destination]\nsecret_access_key = \"s3cr3t-value\" junk\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("line 2"), "{err}");
+        assert!(!err.contains("s3cr3t-value"), "{err}");
+        for url in [
+            "postgres://u:hunter2@h:notaport/db",
+            "postgres://u:hunter2@h/db?sslmode=bogus",
+            "postgres://u:hunter2@h/db?sslmode=verify-full&sslrootcert=/nonexistent",
+            "postgres://u:hunter2@h/db?colour=blue",
+            "postgres://u:hunter2@h",
+            "host=h password=hunter2 port=x dbname=d",
+            "host=h password='hunter2 dbname=d",
+        ] {
+            let err = load(MINIMAL, &[("WALTAIL_SOURCE_URL", url)])
+                .unwrap_err()
+                .to_string();
+            assert!(!err.contains("hunter2"), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn table_names_plain_and_quoted() {
+        let t = |s: &str| s.parse::<TableName>().map(|t| (t.schema, t.name));
+        let ok = |s: &str, schema: &str, name: &str| {
+            assert_eq!(t(s), Ok((schema.to_string(), name.to_string())), "{s}")
+        };
+        ok("public.orders", "public", "orders");
+        ok("orders", "public", "orders");
+        ok("Sales.Orders", "Sales", "Orders");
+        ok(" public . orders ", "public", "orders");
+        ok("public.Mixed Case", "public", "Mixed Case");
+        ok("public.semi;colon", "public", "semi;colon");
+        ok("public.ünï", "public", "ünï");
+        ok("\"My Schema\".\"My.Table\"", "My Schema", "My.Table");
+        ok("public.\"quo\"\"te\"", "public", "quo\"te");
+        ok("\"a.b\"", "public", "a.b");
+        ok("\" padded \".t", " padded ", "t");
+        ok(&format!("s.{}", "x".repeat(63)), "s", &"x".repeat(63));
+        for bad in [
+            "",
+            ".orders",
+            "public.",
+            "a.b.c",
+            "public.quo\"te",
+            "public.\"open",
+            "public.\"x\"y",
+            "\"\".t",
+            "public.tab\u{0}le",
+            "public.new\nline",
+            &format!("s.{}", "x".repeat(64)),
+        ] {
+            let err = t(bad).unwrap_err();
+            assert!(err.contains("schema.table"), "{bad:?}: {err}");
+        }
+        let err = t("a.b.c").unwrap_err();
+        assert!(err.contains("quote"), "{err}");
+    }
+
+    #[test]
+    fn config_form_reads_back() {
+        for (schema, name, form) in [
+            ("public", "orders", "public.orders"),
+            ("My Schema", "My.Table", "My Schema.\"My.Table\""),
+            ("public", "quo\"te", "public.\"quo\"\"te\""),
+            (" s", "t", "\" s\".t"),
+        ] {
+            let t = TableName {
+                schema: schema.into(),
+                name: name.into(),
+            };
+            assert_eq!(t.config_form(), form);
+            assert_eq!(form.parse::<TableName>().unwrap(), t);
+            assert_eq!(t.quoted().parse::<TableName>().unwrap(), t);
+        }
+    }
+
+    #[test]
+    fn tables_that_would_read_the_same_are_refused() {
+        let err = load(
+            "[source]\nurl = \"postgres://u@h/db\"\ntables = ['\"a.b\".c', 'a.\"b.c\"']\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("both be archived as \"a.b.c\""), "{err}");
+    }
+
+    #[cfg(unix)]
+    fn file_with_mode(text: &str, mode: u32) -> (tempfile::TempDir, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("waltail.toml");
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        (dir, path)
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_readable_file_with_a_secret_is_refused() {
+        let vars = BTreeMap::new();
+        let s3_secret = format!(
+            "{MINIMAL}\n[destination]\nbucket = \"b\"\naccess_key_id = \"k\"\nsecret_access_key = \"s\"\n"
+        );
+        let pg_password = "[source]\nurl = \"postgres://u:pw@h/db\"\ntables = [\"t\"]\n";
+        let kv_password = "[source]\nurl = \"host=h password=pw dbname=db\"\ntables = [\"t\"]\n";
+        for text in [s3_secret.as_str(), pg_password, kv_password] {
+            for mode in [0o644, 0o640, 0o604, 0o660, 0o611] {
+                let (_dir, path) = file_with_mode(text, mode);
+                let err = Config::load_with(Some(&path), &vars)
+                    .unwrap_err()
+                    .to_string();
+                let fix = format!("chmod 600 {}", path.display());
+                assert!(err.contains(&fix), "{err}");
+                assert!(!err.contains("pw@") && !err.contains("=pw"), "{err}");
+            }
+            for mode in [0o600, 0o400, 0o700] {
+                let (_dir, path) = file_with_mode(text, mode);
+                Config::load_with(Some(&path), &vars).unwrap();
+            }
+        }
+        // Without a secret a file may be world-readable.
+        for text in [
+            MINIMAL,
+            "[source]\nurl = \"postgres://u@h/db\"\ntables = [\"t\"]\n[destination]\nbucket = \"b\"\n",
+        ] {
+            let (_dir, path) = file_with_mode(text, 0o644);
+            Config::load_with(Some(&path), &vars).unwrap();
+        }
+        // A secret given in the environment does not make the file secret.
+        let (_dir, path) = file_with_mode(MINIMAL, 0o644);
+        let vars: BTreeMap<String, String> = [(
+            "WALTAIL_SOURCE_URL".to_string(),
+            "postgres://u:pw@h/db".to_string(),
+        )]
+        .into();
+        Config::load_with(Some(&path), &vars).unwrap();
+    }
+
+    /// Arbitrary files and environment values give Ok or Err, never a panic.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn env_name_strategy() -> impl Strategy<Value = String> {
+            let mut names: Vec<String> = KEYS.iter().map(|(s, k, _)| env_name(s, k)).collect();
+            names.extend(["WALTAIL_LOG".into(), "WALTAIL_NOPE".into()]);
+            proptest::sample::select(names)
+        }
+
+        /// TOML-ish text: fragments of real config mixed with noise.
+        fn toml_like() -> impl Strategy<Value = String> {
+            let fragment = prop_oneof![
+                Just("[source]\n".to_string()),
+                Just("[destination]\n".to_string()),
+                Just("[delivery]\n".to_string()),
+                Just("url = \"postgres://u:p@h/db\"\n".to_string()),
+                Just("tables = [\"t\"]\n".to_string()),
+                Just("bucket = \"b\"\n".to_string()),
+                Just("batch_size = 99999999999999999999\n".to_string()),
+                Just("backoff = []\n".to_string()),
+                "[a-z_]{1,12} = [^\n]{0,20}\n",
+                "tables = \\[\"[^\"]{0,20}\"\\]\n",
+                "url = \"[^\"]{0,40}\"\n",
+                "prefix = \"[^\"]{0,20}\"\n",
+                any::<String>(),
+            ];
+            proptest::collection::vec(fragment, 0..8).prop_map(|v| v.concat())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+            #[test]
+            fn any_file_text_is_ok_or_err(text in any::<String>()) {
+                let _ = Config::from_parts(Some(&text), "fuzz.toml", &BTreeMap::new());
+            }
+
+            #[test]
+            fn config_like_text_and_env_are_ok_or_err(
+                text in toml_like(),
+                vars in proptest::collection::btree_map(env_name_strategy(), any::<String>(), 0..6),
+            ) {
+                let _ = Config::from_parts(Some(&text), "fuzz.toml", &vars);
+                let _ = Config::from_parts(None, "the environment", &vars);
+            }
+
+            #[test]
+            fn env_values_on_a_valid_file_are_ok_or_err(
+                name in env_name_strategy(),
+                value in any::<String>(),
+            ) {
+                let vars = [(name, value)].into();
+                let _ = Config::from_parts(Some(MINIMAL), "fuzz.toml", &vars);
+            }
+
+            #[test]
+            fn redact_url_hides_any_url_password(
+                user in "[a-z]{1,8}",
+                password in "[^\\s@]{1,16}",
+                rest in "[a-z0-9.:/?=&]{0,20}",
+            ) {
+                let url = format!("postgres://{user}:{password}@{rest}");
+                let r = redact_url(&url);
+                prop_assert!(!r.contains(&format!(":{password}@")), "{} -> {}", url, r);
+            }
+
+            #[test]
+            fn table_entries_are_ok_or_err(s in any::<String>()) {
+                let _ = s.parse::<TableName>();
+            }
+
+            #[test]
+            fn quoted_names_read_back(
+                schema in "[^\\x00-\\x1f\\x7f]{1,20}",
+                name in "[^\\x00-\\x1f\\x7f]{1,20}",
+            ) {
+                prop_assume!(schema.len() <= 63 && name.len() <= 63);
+                prop_assume!(!schema.chars().chain(name.chars()).any(char::is_control));
+                let t = TableName { schema, name };
+                prop_assert_eq!(t.quoted().parse::<TableName>(), Ok(t.clone()));
+                prop_assert_eq!(t.config_form().parse::<TableName>(), Ok(t));
+            }
+        }
     }
 }

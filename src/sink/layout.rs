@@ -38,10 +38,37 @@ pub fn batch_key(
     key
 }
 
-/// The key of a table's schema record, version `version` (from 1).
+/// The key of a table's schema record, version `version` (from 1):
+/// `[prefix/]_schemas/<schema>.<table>/<n>.json`, `table` being the
+/// archive's `schema.table` name. The name is kept readable (letters of any
+/// script, spaces, `;`, `'`, `.` stay as they are) and only the characters
+/// S3 advises against in keys, `%` and `/` are percent-encoded (UTF-8,
+/// upper-case hex): `public.Mixed Case`, `public.ünï`, `public.quo%22te`,
+/// `public.a%2Fb`. The key is stored exactly as returned.
 pub fn schema_key(prefix: Option<&str>, table: &str, version: u32) -> String {
     let p = prefix.map(|p| format!("{p}/")).unwrap_or_default();
-    format!("{p}_schemas/{table}/{version}.json")
+    format!("{p}_schemas/{}/{version}.json", key_segment(table))
+}
+
+/// Percent-encodes what must not appear raw in one key segment: control
+/// characters, `/`, `%`, and the characters S3 and object_store avoid
+/// (``\ { } ^ ` [ ] " < > ~ # | * ?``); a segment of dots alone is encoded
+/// whole, so it is never `.` or `..`.
+pub fn key_segment(name: &str) -> String {
+    const RESERVED: &str = "/%\\{}^`[]\"<>~#|*?";
+    let mut out = String::with_capacity(name.len());
+    let all_dots = !name.is_empty() && name.bytes().all(|b| b == b'.');
+    for c in name.chars() {
+        if c.is_control() || RESERVED.contains(c) || (all_dots && c == '.') {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The key of the connection check's marker object.
@@ -74,5 +101,39 @@ mod tests {
     fn check_key_sits_under_the_prefix() {
         assert_eq!(check_key(Some("a/b")), "a/b/.waltail-check");
         assert_eq!(check_key(None), ".waltail-check");
+    }
+
+    #[test]
+    fn schema_keys_are_readable_and_exact() {
+        let k = |t: &str| schema_key(Some("p"), t, 1);
+        assert_eq!(k("public.orders"), "p/_schemas/public.orders/1.json");
+        assert_eq!(
+            k("public.Mixed Case"),
+            "p/_schemas/public.Mixed Case/1.json"
+        );
+        assert_eq!(
+            k("public.semi;colon"),
+            "p/_schemas/public.semi;colon/1.json"
+        );
+        assert_eq!(k("public.quo\"te"), "p/_schemas/public.quo%22te/1.json");
+        assert_eq!(k("public.ünï"), "p/_schemas/public.ünï/1.json");
+        assert_eq!(k("public.a/b"), "p/_schemas/public.a%2Fb/1.json");
+        assert_eq!(k("public.100%"), "p/_schemas/public.100%25/1.json");
+        assert_eq!(k("public.tab\tx"), "p/_schemas/public.tab%09x/1.json");
+        assert_eq!(key_segment(".."), "%2E%2E");
+        // Every key is a valid object_store path, stored as written.
+        for t in [
+            "public.quo\"te",
+            "public.ünï",
+            "public.a/b",
+            "s.#1",
+            "x.\u{7f}",
+        ] {
+            let key = k(t);
+            let path = object_store::path::Path::parse(&key).unwrap();
+            assert_eq!(path.as_ref(), key);
+        }
+        // Distinct names, distinct keys.
+        assert_ne!(k("public.a%2Fb"), k("public.a/b"));
     }
 }

@@ -102,8 +102,11 @@ impl Sink {
             opts.attributes =
                 Attributes::from_iter([(Attribute::ContentType, content_type.to_string())]);
         }
+        // The key is stored exactly as given (layout encodes what must be
+        // encoded), so the key in logs and state is the object's name.
+        let path = ObjectPath::parse(key).map_err(|e| Error::store("PUT", key, e.into()))?;
         self.store
-            .put_opts(&ObjectPath::from(key), PutPayload::from(body), opts)
+            .put_opts(&path, PutPayload::from(body), opts)
             .await
             .map(|_| ())
             .map_err(|source| Error::store("PUT", key, source))

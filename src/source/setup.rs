@@ -23,7 +23,10 @@ pub async fn ensure_publication(client: &Client, source: &SourceConfig) -> Resul
         if exists.is_none() {
             return Err(Error::fatal(
                 format!("table {t} does not exist"),
-                format!("create it, or remove \"{t}\" from source.tables"),
+                format!(
+                    "create it, or remove {:?} from source.tables",
+                    t.config_form()
+                ),
             ));
         }
     }
