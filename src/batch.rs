@@ -19,6 +19,12 @@ use std::sync::Arc;
 
 use crate::envelope::{self, Change, TableRef};
 
+/// A batch is also cut once its body reaches this size, so wide rows (large
+/// TOASTed values) cannot make one object, and the memory holding the batches
+/// in flight, grow without bound: at most `max_in_flight + 2` batches of
+/// about this size are in memory at once.
+pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
 /// A batch ready for delivery: one object's worth of envelope lines.
 #[derive(Debug, Clone)]
 pub struct Batch {
@@ -122,11 +128,9 @@ impl Batcher {
             self.deadline = Some(Instant::now() + self.linger);
         }
         self.append(seq, change);
-        if self
-            .current
-            .as_ref()
-            .is_some_and(|b| b.changes() as usize >= self.batch_size)
-        {
+        if self.current.as_ref().is_some_and(|b| {
+            b.changes() as usize >= self.batch_size || b.body.len() >= MAX_BATCH_BYTES
+        }) {
             return self.take().map(Cut::Ready);
         }
         None
@@ -226,6 +230,18 @@ mod tests {
         assert_eq!((batch.first_seq, batch.last_seq), (1, 3));
         assert_eq!(batch.body.iter().filter(|&&c| c == b'\n').count(), 3);
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn cuts_at_max_batch_bytes_before_batch_size() {
+        let mut b = Batcher::new(100, Duration::from_secs(1), Uuid::nil(), vec![]);
+        let mut wide = change(1);
+        wide.data = Some(format!("{{\"blob\":\"{}\"}}", "x".repeat(3 * 1024 * 1024)).into_bytes());
+        assert!(b.push(1, &wide).is_none());
+        assert!(b.push(2, &wide).is_none());
+        let batch = ready(b.push(3, &wide));
+        assert_eq!((batch.first_seq, batch.last_seq), (1, 3));
+        assert!(batch.body.len() >= MAX_BATCH_BYTES);
     }
 
     #[tokio::test(start_paused = true)]
