@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Peak memory (VmHWM) of `waltail run` in the two situations that could make
-# it grow without bound, each on a fresh process:
-#   1. archiving one transaction of ROWS rows (default 1,000,000);
+# Peak memory (VmHWM) of `waltail run` in the situations that could make it
+# grow without bound, each on a fresh process:
+#   1. archiving one transaction of ROWS rows (default 1,000,000), with the
+#      server's logical_decoding_work_mem = WORK_MEM (default 64MB, the
+#      Postgres default: the transaction is streamed to waltail while in
+#      progress and buffered/spilled there; 1GB keeps it on the server);
+#   1b. one transaction of TOAST_MB values of 1 MB each (default 50);
 #   2. the store hung (SeaweedFS SIGSTOPped) for DOWN seconds (default 180)
 #      under a steady write load of RATE rows/s (default 500), then resumed.
 # Uses its own Postgres (port 55470) and SeaweedFS (ports 18500-18509), so it
@@ -11,6 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROWS=${ROWS:-1000000}
+WORK_MEM=${WORK_MEM:-64MB}
+TOAST_MB=${TOAST_MB:-50}
 DOWN=${DOWN:-180}
 RATE=${RATE:-500}
 base=${TMPDIR:-/tmp}
@@ -33,10 +39,11 @@ bin=${CARGO_TARGET_DIR:-target}/release/waltail
 url=$(scripts/pg-start.sh)
 scripts/s3-start.sh >/dev/null
 psql() { "$PG_BIN/psql" -X -q -t -A -v ON_ERROR_STOP=1 "$url" "$@"; }
-psql -c "ALTER SYSTEM SET logical_decoding_work_mem = '1GB'" -c "SELECT pg_reload_conf()" >/dev/null
+psql -c "ALTER SYSTEM SET logical_decoding_work_mem = '$WORK_MEM'" -c "SELECT pg_reload_conf()" >/dev/null
 psql -c "CREATE TABLE bench (id bigint PRIMARY KEY, payload text, n int, at timestamptz DEFAULT now())"
+psql -c "CREATE TABLE wide (id int PRIMARY KEY, doc text)"
 
-export WALTAIL_SOURCE_URL=$url WALTAIL_SOURCE_TABLES=public.bench
+export WALTAIL_SOURCE_URL=$url WALTAIL_SOURCE_TABLES=public.bench,public.wide
 export WALTAIL_DESTINATION_TYPE=s3 WALTAIL_DESTINATION_BUCKET=waltail-test
 export WALTAIL_DESTINATION_ENDPOINT=http://127.0.0.1:$S3_PORT_BASE WALTAIL_DESTINATION_USE_PATH_STYLE=true
 export WALTAIL_DESTINATION_ACCESS_KEY_ID=waltail-test-key WALTAIL_DESTINATION_SECRET_ACCESS_KEY=waltail-test-secret
@@ -51,7 +58,7 @@ caught_up() {
 }
 hwm() { awk '/VmHWM/ {printf "%.1f MB", $2/1024}' "/proc/$1/status"; }
 
-echo "== 1. one transaction of $ROWS rows"
+echo "== 1. one transaction of $ROWS rows (logical_decoding_work_mem $WORK_MEM)"
 WALTAIL_PIPELINE=bigtx WALTAIL_DESTINATION_PREFIX=bigtx "$bin" run 2>"$work/bigtx.log" &
 pid=$!; pids+=("$pid")
 until grep -q streaming "$work/bigtx.log"; do sleep 0.1; done
@@ -62,6 +69,16 @@ caught_up bigtx
 done_at=$(date +%s.%N)
 echo "   insert took $(echo "$committed - $start" | bc) s; archived $(echo "$done_at - $committed" | bc) s after commit"
 echo "   => $(echo "$ROWS / ($done_at - $start)" | bc) changes/s from BEGIN; peak RSS $(hwm "$pid")"
+kill -INT "$pid"; wait "$pid"
+
+echo "== 1b. one transaction of $TOAST_MB TOASTed values of 1 MB"
+WALTAIL_PIPELINE=toast WALTAIL_DESTINATION_PREFIX=toast "$bin" run 2>"$work/toast.log" &
+pid=$!; pids+=("$pid")
+until grep -q streaming "$work/toast.log"; do sleep 0.1; done
+# md5 chains do not compress: every value is stored out of line, 1 MB each.
+psql -c "INSERT INTO wide SELECT g, (SELECT string_agg(md5((g * 100000 + i)::text), '') FROM generate_series(1, 32768) i) FROM generate_series(1, $TOAST_MB) g"
+caught_up toast
+echo "   archived; peak RSS $(hwm "$pid")"
 kill -INT "$pid"; wait "$pid"
 
 [ "$DOWN" -gt 0 ] || exit 0
