@@ -103,13 +103,17 @@ impl StreamBuffers {
                 source,
             };
             let conn = Connection::open(&self.path).map_err(err)?;
-            // Scratch data, rebuilt from the server after any crash.
+            // Scratch data, rebuilt from the server after any crash: no journal,
+            // no syncs, and one transaction that is never committed (this
+            // connection reads its own writes), so a spilled change costs an
+            // insert into the page cache, not a write to the file.
             conn.execute_batch(
                 "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;
                  CREATE TABLE spill (n INTEGER PRIMARY KEY AUTOINCREMENT, xid INTEGER NOT NULL,
                    subxid INTEGER NOT NULL, op INTEGER NOT NULL, tbl TEXT NOT NULL, data BLOB,
                    old BLOB, row1 INTEGER, row2 INTEGER);
-                 CREATE INDEX spill_xid ON spill (xid, n);",
+                 CREATE INDEX spill_xid ON spill (xid, n);
+                 BEGIN;",
             )
             .map_err(err)?;
             self.spill = Some(conn);
@@ -157,14 +161,11 @@ impl StreamBuffers {
         if self.memory_bytes + n > self.budget {
             // Move this transaction's buffered changes out, then go on on disk.
             let held = self.memory.remove(&xid).unwrap_or_default();
-            let err = self.err();
-            self.spill_db()?.execute_batch("BEGIN").map_err(&err)?;
             for (sub, c) in &held {
                 self.memory_bytes -= size(c);
                 self.write_spill(xid, *sub, c)?;
             }
             self.write_spill(xid, subxid, &change)?;
-            self.spill_db()?.execute_batch("COMMIT").map_err(&err)?;
             self.spilled.insert(xid);
             tracing::debug!(
                 xid,
