@@ -6,13 +6,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::Result;
 use crate::config::Config;
 use crate::error::Report;
 use crate::pipeline::{self, RunOptions};
 use crate::sink::Sink;
 use crate::source::check::{self, Finding, Status};
 use crate::telemetry::{self, LogFormat};
+use crate::{Error, Result};
 
 /// Archive every committed PostgreSQL change to S3 or a local folder as NDJSON.
 #[derive(Debug, Parser)]
@@ -136,6 +136,16 @@ async fn run(config: &Config, opts: RunOptions) -> Result<ExitCode> {
             tx.send_modify(|n| *n += 1);
         }
     });
+    if let Some(addr) = config.telemetry_listen {
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            Error::fatal(
+                format!("cannot listen on {addr} for telemetry: {e}"),
+                "choose a free address in telemetry.listen (WALTAIL_TELEMETRY_LISTEN), or remove it",
+            )
+        })?;
+        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+        tokio::spawn(crate::telemetry::serve(listener));
+    }
     pipeline::run(config, &opts, rx).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -52,6 +52,8 @@ pub struct Config {
     pub source: SourceConfig,
     pub destination: DestinationConfig,
     pub delivery: DeliveryConfig,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; off when `None`.
+    pub telemetry_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Clone)]
@@ -298,6 +300,13 @@ struct RawConfig {
     source: Option<RawSource>,
     destination: Option<RawDestination>,
     delivery: Option<RawDelivery>,
+    telemetry: Option<RawTelemetry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTelemetry {
+    listen: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -371,6 +380,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("delivery", "max_attempts", Kind::Int),
     ("delivery", "backoff", Kind::List),
     ("delivery", "request_timeout_ms", Kind::Int),
+    ("telemetry", "listen", Kind::Str),
 ];
 
 /// `WALTAIL_*` variables that are not configuration keys.
@@ -754,7 +764,17 @@ fn validate(raw: RawConfig) -> Result<Config> {
         }
     };
 
+    let telemetry_listen = match raw.telemetry.and_then(|t| t.listen) {
+        None => None,
+        Some(s) if s.is_empty() => None,
+        Some(s) => Some(s.parse().map_err(|_| {
+            Error::config(format!(
+                "telemetry.listen = {s:?}: give an address and port, e.g. \"127.0.0.1:9187\""
+            ))
+        })?),
+    };
     Ok(Config {
+        telemetry_listen,
         pipeline,
         state_dir,
         source: SourceConfig {

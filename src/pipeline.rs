@@ -37,7 +37,9 @@ use crate::source::pgoutput::format_lsn;
 use crate::source::replication::{FeedbackSender, ReplicationConnection};
 use crate::source::stream::{self, Decoder, SchemaRecord, SourceEvent};
 use crate::source::{self, setup};
+use crate::telemetry::METRICS;
 use crate::{Error, Result};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// Events buffered between the source and the pipeline. Small: backpressure
 /// should reach Postgres quickly, and each event holds a rendered row.
@@ -305,7 +307,9 @@ async fn session(
         stats: Stats::default(),
     };
     pipeline.release()?;
+    METRICS.ready.store(true, Relaxed);
     let ended = pipeline.run(rx, shutdown).await;
+    METRICS.ready.store(false, Relaxed);
     let _ = stop_feedback.send(());
     let feedback_result = feedback_task.await;
     match ended? {
@@ -588,6 +592,7 @@ impl Pipeline<'_> {
             SourceEvent::Schema(record) => self.schema(record).await?,
             SourceEvent::Begin => self.open_txn = true,
             SourceEvent::Change(change) => {
+                METRICS.changes_received.fetch_add(1, Relaxed);
                 let seq = self.next_seq;
                 self.next_seq += 1;
                 match self.batcher.push(seq, &change) {
@@ -608,6 +613,10 @@ impl Pipeline<'_> {
                 self.advance();
             }
             SourceEvent::Keepalive { wal_end } => {
+                METRICS.slot_lag_bytes.store(
+                    wal_end.saturating_sub(self.cursor.confirmed_lsn) as i64,
+                    Relaxed,
+                );
                 let idle = !self.open_txn
                     && self.txns.is_empty()
                     && self.batcher.is_empty()
@@ -736,6 +745,10 @@ impl Pipeline<'_> {
         })?;
         self.data_version = self.checkpoint.data_version()?;
         if !batch.from_parked {
+            match status {
+                ParkStatus::Held => METRICS.held_batches.fetch_add(1, Relaxed),
+                _ => METRICS.parked_batches.fetch_add(1, Relaxed),
+            };
             for r in &batch.rows {
                 *self.blocked.entry(*r).or_default() += 1;
             }
@@ -772,6 +785,15 @@ impl Pipeline<'_> {
 
     fn written(&mut self, batch: Batch, bytes: usize) -> Result<()> {
         let n = batch.changes();
+        METRICS.changes_archived.fetch_add(n, Relaxed);
+        METRICS.objects_written.fetch_add(1, Relaxed);
+        METRICS.bytes_written.fetch_add(bytes as u64, Relaxed);
+        if !batch.from_parked {
+            let committed = layout::pg_time(batch.commit_ts);
+            if let Ok(age) = (chrono::Utc::now() - committed).to_std() {
+                METRICS.commit_to_archive_seconds.observe(age);
+            }
+        }
         if batch.from_parked {
             self.checkpoint.unpark(batch.first_seq)?;
             self.releasing.remove(&batch.first_seq);
@@ -805,6 +827,14 @@ impl Pipeline<'_> {
     /// rows are clear).
     fn release(&mut self) -> Result<()> {
         let parked = self.checkpoint.parked()?;
+        let held = parked
+            .iter()
+            .filter(|p| p.status == ParkStatus::Held)
+            .count() as i64;
+        METRICS.held_batches.store(held, Relaxed);
+        METRICS
+            .parked_batches
+            .store(parked.len() as i64 - held, Relaxed);
         self.blocked.clear();
         for p in &parked {
             for r in &p.rows {

@@ -24,3 +24,215 @@ pub fn init_logging(format: LogFormat) {
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
 }
+
+// ---- metrics ----
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Request, Response, StatusCode};
+
+/// Upper bounds (seconds) of the latency histograms' buckets.
+const BUCKETS: [f64; 13] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// A Prometheus histogram of durations, lock-free.
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    const fn new() -> Self {
+        Histogram {
+            buckets: [const { AtomicU64::new(0) }; BUCKETS.len()],
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (b, bound) in self.buckets.iter().zip(BUCKETS) {
+            if secs <= bound {
+                b.fetch_add(1, Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_micros.fetch_add(d.as_micros() as u64, Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, bound) in self.buckets.iter().zip(BUCKETS) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {}", b.load(Relaxed));
+        }
+        let count = self.count.load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.sum_micros.load(Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+/// The process's metrics. One pipeline runs per process, so one global set
+/// (like a Prometheus default registry) saves threading it through every stage.
+pub struct Metrics {
+    pub changes_received: AtomicU64,
+    pub changes_archived: AtomicU64,
+    pub objects_written: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub put_retries: AtomicU64,
+    pub parked_batches: AtomicI64,
+    pub held_batches: AtomicI64,
+    /// Server WAL sent so far (last keepalive) minus the confirmed position.
+    pub slot_lag_bytes: AtomicI64,
+    pub put_seconds: Histogram,
+    /// From a batch's first commit to its object being written.
+    pub commit_to_archive_seconds: Histogram,
+    /// A replication session is streaming.
+    pub ready: AtomicBool,
+}
+
+pub static METRICS: Metrics = Metrics {
+    changes_received: AtomicU64::new(0),
+    changes_archived: AtomicU64::new(0),
+    objects_written: AtomicU64::new(0),
+    bytes_written: AtomicU64::new(0),
+    put_retries: AtomicU64::new(0),
+    parked_batches: AtomicI64::new(0),
+    held_batches: AtomicI64::new(0),
+    slot_lag_bytes: AtomicI64::new(0),
+    put_seconds: Histogram::new(),
+    commit_to_archive_seconds: Histogram::new(),
+    ready: AtomicBool::new(false),
+};
+
+impl Metrics {
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let counters: [(&str, &str, &AtomicU64); 5] = [
+            (
+                "waltail_changes_received_total",
+                "Changes read from Postgres.",
+                &self.changes_received,
+            ),
+            (
+                "waltail_changes_archived_total",
+                "Changes written to the archive.",
+                &self.changes_archived,
+            ),
+            (
+                "waltail_objects_written_total",
+                "Objects written to the archive.",
+                &self.objects_written,
+            ),
+            (
+                "waltail_bytes_written_total",
+                "Bytes of archive objects written.",
+                &self.bytes_written,
+            ),
+            (
+                "waltail_put_retries_total",
+                "Failed PUT attempts that were retried.",
+                &self.put_retries,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Relaxed)
+            );
+        }
+        let gauges: [(&str, &str, i64); 4] = [
+            (
+                "waltail_parked_batches",
+                "Batches parked after failing every attempt.",
+                self.parked_batches.load(Relaxed),
+            ),
+            (
+                "waltail_held_batches",
+                "Batches held behind parked batches on the same rows.",
+                self.held_batches.load(Relaxed),
+            ),
+            (
+                "waltail_slot_lag_bytes",
+                "WAL the server has sent past the confirmed position.",
+                self.slot_lag_bytes.load(Relaxed),
+            ),
+            (
+                "waltail_ready",
+                "1 while a replication session is streaming.",
+                i64::from(self.ready.load(Relaxed)),
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        self.put_seconds.render(
+            &mut out,
+            "waltail_put_seconds",
+            "Duration of each PUT attempt.",
+        );
+        self.commit_to_archive_seconds.render(
+            &mut out,
+            "waltail_commit_to_archive_seconds",
+            "From a batch's first commit to its object being written.",
+        );
+        out
+    }
+}
+
+async fn answer(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (status, body) = match req.uri().path() {
+        "/metrics" => (StatusCode::OK, METRICS.render()),
+        "/healthz" => (StatusCode::OK, "ok\n".to_string()),
+        "/readyz" if METRICS.ready.load(Relaxed) => (StatusCode::OK, "ready\n".to_string()),
+        "/readyz" => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not streaming\n".to_string(),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "try /metrics, /healthz or /readyz\n".to_string(),
+        ),
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    let content_type = if req.uri().path() == "/metrics" {
+        "text/plain; version=0.0.4"
+    } else {
+        "text/plain"
+    };
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    Ok(resp)
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        tokio::spawn(async move {
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, hyper::service::service_fn(answer))
+                .await;
+        });
+    }
+}

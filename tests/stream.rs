@@ -311,3 +311,72 @@ async fn status_shows_position_rate_slot_and_lag() {
     assert!(text.contains("inactive"), "{text}");
     db.drop_db().await;
 }
+
+/// A plain HTTP GET against the telemetry endpoint: (status code, body).
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+#[tokio::test]
+async fn telemetry_serves_metrics_health_and_readiness() {
+    let db = TestDb::new("metrics").await;
+    db.exec(TABLES).await;
+    let pipeline = unique("metrics").replace('_', "-");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
+    w.set("WALTAIL_TELEMETRY_LISTEN", &addr);
+    w.start();
+    assert_eq!(http_get(&addr, "/healthz").0, 200);
+    assert_eq!(http_get(&addr, "/readyz").0, 200);
+    mixed_workload(&db, 41, 30, 0).await;
+    let root = w.dir.path().join("waltail-archive");
+    let read = async || file_objects(&root);
+    let changes = wait_replay_equals(&db, read, None, &pipeline).await;
+    let (code, body) = http_get(&addr, "/metrics");
+    assert_eq!(code, 200);
+    let value = |name: &str| -> f64 {
+        body.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing:\n{body}"))
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(
+        value("waltail_changes_archived_total"),
+        changes.len() as f64
+    );
+    assert_eq!(
+        value("waltail_changes_received_total"),
+        changes.len() as f64
+    );
+    assert!(value("waltail_objects_written_total") >= 1.0);
+    assert!(value("waltail_put_seconds_count") >= value("waltail_objects_written_total"));
+    assert!(value("waltail_commit_to_archive_seconds_count") >= 1.0);
+    assert_eq!(value("waltail_parked_batches"), 0.0);
+    assert_eq!(value("waltail_ready"), 1.0);
+    assert_eq!(http_get(&addr, "/nope").0, 404);
+    w.stop();
+    db.drop_db().await;
+}

@@ -22,6 +22,9 @@ use crate::error::{Disposition, Report};
 use crate::sink::{NDJSON_CONTENT_TYPE, Sink};
 use crate::{Error, Result};
 pub use retry::RetryPolicy;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::telemetry::METRICS;
 
 /// How a batch's delivery ended.
 #[derive(Debug)]
@@ -174,7 +177,10 @@ async fn put_with_retry_typed(
 ) -> Result<(), (Error, u32)> {
     let mut attempt = 1;
     loop {
-        match sink.put(key, body.clone(), content_type).await {
+        let started = std::time::Instant::now();
+        let result = sink.put(key, body.clone(), content_type).await;
+        METRICS.put_seconds.observe(started.elapsed());
+        match result {
             Ok(()) => return Ok(()),
             Err(e) => {
                 let delay = match e.disposition() {
@@ -191,6 +197,7 @@ async fn put_with_retry_typed(
                     error = %Report(&e),
                     "PUT failed; retrying"
                 );
+                METRICS.put_retries.fetch_add(1, Relaxed);
                 tokio::time::sleep(delay).await;
                 attempt += 1;
             }
