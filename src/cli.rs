@@ -54,6 +54,13 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout: `waltail man > waltail.1`
+    Man,
     /// Batches that failed every attempt, and the batches held behind them
     #[command(subcommand)]
     Parked(ParkedCommand),
@@ -78,6 +85,25 @@ pub enum ParkedCommand {
 /// Exit codes: 0 success, 1 a check or the pipeline failed, 2 bad configuration.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // These need no configuration.
+    match &cli.command {
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut out = Vec::new();
+            clap_complete::generate(*shell, &mut cmd, "waltail", &mut out);
+            return print_quietly(&out);
+        }
+        Command::Man => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            let mut out = Vec::new();
+            if let Err(e) = clap_mangen::Man::new(cmd).render(&mut out) {
+                eprintln!("error: cannot render the man page: {e}");
+                return ExitCode::FAILURE;
+            }
+            return print_quietly(&out);
+        }
+        _ => {}
+    }
     telemetry::init_logging(cli.log_format);
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
@@ -101,6 +127,9 @@ pub fn main() -> ExitCode {
             Command::Check => check(&config).await,
             Command::Run { recreate_slot } => run(&config, RunOptions { recreate_slot }).await,
             Command::Status { json } => crate::status::status(&config, json).await,
+            Command::Completions { .. } | Command::Man => {
+                unreachable!("handled before loading the configuration")
+            }
             Command::Parked(ParkedCommand::List) => crate::delivery::parking::list(&config),
             Command::Parked(ParkedCommand::Replay { id, all: _ }) => {
                 crate::delivery::parking::replay(&config, id).await
@@ -114,6 +143,19 @@ pub fn main() -> ExitCode {
             if let Some(hint) = e.hint() {
                 eprintln!("  fix: {hint}");
             }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error.
+fn print_quietly(bytes: &[u8]) -> ExitCode {
+    use std::io::Write;
+    match std::io::stdout().write_all(bytes) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: cannot write to stdout: {e}");
             ExitCode::FAILURE
         }
     }
