@@ -253,6 +253,19 @@ pub fn store_hint(err: &object_store::Error) -> Option<String> {
 
 fn replication_hint(err: &ReplicationError) -> Option<String> {
     match err {
+        // max_slot_wal_keep_size removed WAL the slot still needed.
+        ReplicationError::Server {
+            message, detail, ..
+        } if message.contains("invalidated")
+            || detail.as_deref().is_some_and(|d| d.contains("invalidated")) =>
+        {
+            Some(
+                "the replication slot was invalidated (max_slot_wal_keep_size): changes after its \
+             position are lost. Drop it (SELECT pg_drop_replication_slot('<slot>');), run \
+             `waltail run --recreate-slot`, then backfill the tables"
+                    .into(),
+            )
+        }
         ReplicationError::Server { code, .. } => postgres_hint(code),
         ReplicationError::Connect { .. } => {
             Some("check the host and port in source.url, and that Postgres is running".into())

@@ -251,3 +251,43 @@ async fn a_hung_store_applies_backpressure_without_losing_the_replication_connec
     assert!(parked_lines(&w) == (0, 0), "nothing should have parked");
     w.stop();
 }
+
+/// A slot invalidated by max_slot_wal_keep_size while waltail was stopped:
+/// `run` stops with a message that says what was lost and how to recover.
+#[tokio::test]
+async fn an_invalidated_slot_stops_run_with_the_recovery_steps() {
+    let pg = DedicatedPg::start();
+    let db = TestDb::on(pg.url(), "invalidated").await;
+    db.exec("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        .await;
+    db.exec("SELECT pg_reload_conf()").await;
+    db.exec("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+        .await;
+    let pipeline = unique("inval").replace('_', "-");
+    let mut w = Waltail::new(&db, &pipeline, "public.t");
+    w.start();
+    w.stop();
+    for i in 0..6 {
+        db.exec(&format!(
+            "INSERT INTO t SELECT g, repeat('x', 1000) FROM generate_series({0} * 10000, {0} * 10000 + 9999) g; SELECT pg_switch_wal(); CHECKPOINT;",
+            i
+        ))
+        .await;
+    }
+    let status: String = db
+        .client
+        .query_one(
+            "SELECT wal_status FROM pg_replication_slots WHERE slot_name LIKE 'waltail_inval%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "lost", "the test needs an invalidated slot");
+    let (code, _, stderr) = w.output(&["run"]);
+    assert_eq!(code.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("invalidated") && stderr.contains("--recreate-slot"),
+        "{stderr}"
+    );
+}
