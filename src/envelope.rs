@@ -10,8 +10,6 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
-use crate::source::pgoutput::format_lsn;
-
 /// Namespace of every idempotency key: UUIDv5(URL namespace, "https://waltail.dev/idempotency").
 /// A pipeline's namespace is UUIDv5(this, pipeline name); a change's key is
 /// UUIDv5(pipeline namespace, "<commit_lsn X/Y>/<index in transaction>").
@@ -127,7 +125,20 @@ pub mod smallvec_lite {
 
 /// Appends the change's envelope line (with its trailing newline) to `out`.
 pub fn write_line(out: &mut Vec<u8>, namespace: &Uuid, change: &Change, seq: u64) {
-    let lsn = format_lsn(change.commit_lsn);
+    use std::io::Write as _;
+    // The key's name `<commit_lsn X/Y>/<index>` is built on the stack: this
+    // runs once per change, so no allocation here.
+    let mut name = [0u8; 40];
+    let name_len = {
+        let mut cursor = &mut name[..];
+        write!(cursor, "{}/{}", LsnText(change.commit_lsn), change.index)
+            .expect("fits in 40 bytes");
+        40 - cursor.len()
+    };
+    let lsn_len = name[..name_len]
+        .iter()
+        .rposition(|&b| b == b'/')
+        .expect("the name has an index part");
     out.extend_from_slice(b"{\"op\":\"");
     out.extend_from_slice(change.op.as_str().as_bytes());
     out.extend_from_slice(b"\",\"table\":");
@@ -137,17 +148,27 @@ pub fn write_line(out: &mut Vec<u8>, namespace: &Uuid, change: &Change, seq: u64
     out.extend_from_slice(b",\"old\":");
     out.extend_from_slice(change.old.as_deref().unwrap_or(b"null"));
     out.extend_from_slice(b",\"seq\":");
-    out.extend_from_slice(seq.to_string().as_bytes());
+    write!(out, "{seq}").expect("writing to a Vec cannot fail");
     out.extend_from_slice(b",\"idempotency_key\":\"");
-    let key = idempotency_key(namespace, &lsn, change.index);
+    let key = Uuid::new_v5(namespace, &name[..name_len]);
     out.extend_from_slice(
         key.hyphenated()
             .encode_lower(&mut Uuid::encode_buffer())
             .as_bytes(),
     );
     out.extend_from_slice(b"\",\"commit_lsn\":\"");
-    out.extend_from_slice(lsn.as_bytes());
+    out.extend_from_slice(&name[..lsn_len]);
     out.extend_from_slice(b"\"}\n");
+}
+
+/// An LSN displayed as Postgres prints it (`X/Y`, upper-case hex), without
+/// allocating; the same text as [`crate::source::pgoutput::format_lsn`].
+struct LsnText(u64);
+
+impl std::fmt::Display for LsnText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 as u32)
+    }
 }
 
 /// The idempotency key of the change at `index` in the transaction committed at `lsn`.
@@ -159,6 +180,7 @@ pub fn idempotency_key(namespace: &Uuid, lsn: &str, index: u32) -> Uuid {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::pgoutput::format_lsn;
 
     fn change(op: Op) -> Change {
         Change {
@@ -185,6 +207,23 @@ mod tests {
         assert!(text.ends_with("\"commit_lsn\":\"0/1A2B3C8\"}\n"), "{text}");
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["seq"], 137);
+    }
+
+    #[test]
+    fn line_key_and_lsn_match_the_documented_derivation() {
+        let ns = pipeline_namespace("orders");
+        for lsn in [0u64, 0x1A2B3C8, 0xFFFF_FFFF_FFFF_FFFF, 0x1_0000_0000] {
+            let mut c = change(Op::Insert);
+            c.commit_lsn = lsn;
+            c.index = 4_000_000_000;
+            let mut out = Vec::new();
+            write_line(&mut out, &ns, &c, u64::MAX);
+            let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(v["commit_lsn"], format_lsn(lsn));
+            assert_eq!(v["seq"].as_u64(), Some(u64::MAX));
+            let key = idempotency_key(&ns, &format_lsn(lsn), c.index);
+            assert_eq!(v["idempotency_key"], key.to_string());
+        }
     }
 
     #[test]

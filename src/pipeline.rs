@@ -223,6 +223,9 @@ async fn session(
         .start_replication(&config.source.slot, cursor.confirmed_lsn, &options)
         .await
         .map_err(|e| Error::replication("starting replication", e))?;
+    // Ready from here: the "streaming" line below is what operators (and
+    // the tests) wait for.
+    let _ready = ReadyWhileStreaming::new();
     tracing::info!(
         slot = %config.source.slot,
         from = %format_lsn(cursor.confirmed_lsn),
@@ -307,9 +310,7 @@ async fn session(
         stats: Stats::default(),
     };
     pipeline.release()?;
-    METRICS.ready.store(true, Relaxed);
     let ended = pipeline.run(rx, shutdown).await;
-    METRICS.ready.store(false, Relaxed);
     let _ = stop_feedback.send(());
     let feedback_result = feedback_task.await;
     match ended? {
@@ -332,6 +333,23 @@ async fn session(
                 source::replication::ReplicationError::Closed,
             )),
         },
+    }
+}
+
+/// `/readyz` answers 200 while this lives (one per streaming session,
+/// whichever way the session ends).
+struct ReadyWhileStreaming;
+
+impl ReadyWhileStreaming {
+    fn new() -> Self {
+        METRICS.ready.store(true, Relaxed);
+        ReadyWhileStreaming
+    }
+}
+
+impl Drop for ReadyWhileStreaming {
+    fn drop(&mut self) {
+        METRICS.ready.store(false, Relaxed);
     }
 }
 
