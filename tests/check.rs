@@ -5,20 +5,6 @@ mod common;
 
 use common::*;
 
-fn assert_fails(out: &(std::process::ExitStatus, String, String), line: &str, fix: &str) {
-    let (status, stdout, stderr) = out;
-    assert_eq!(status.code(), Some(1), "exit code\n{stdout}\n{stderr}");
-    let fail = stdout
-        .lines()
-        .position(|l| l.contains("FAIL") && l.contains(line))
-        .unwrap_or_else(|| panic!("no FAIL line for {line:?}:\n{stdout}"));
-    let next = stdout.lines().nth(fail + 1).unwrap_or_default();
-    assert!(
-        next.contains("fix:") && next.contains(fix),
-        "fix for {line:?} should mention {fix:?}:\n{stdout}"
-    );
-}
-
 #[tokio::test]
 async fn check_passes_and_writes_the_marker() {
     let db = TestDb::new("checkok").await;
@@ -54,7 +40,7 @@ async fn check_reports_wal_level_replica_with_the_setting_to_change() {
     let db = TestDb::on(&pg_replica_url(), "walreplica").await;
     db.exec("CREATE TABLE t (id int PRIMARY KEY)").await;
     let w = Waltail::new(&db, &unique("walrep").replace('_', "-"), "public.t");
-    assert_fails(&w.output(&["check"]), "wal_level", "wal_level = logical");
+    assert_check_fails(&w.output(&["check"]), "wal_level", "wal_level = logical");
 }
 
 #[tokio::test]
@@ -68,7 +54,7 @@ async fn check_reports_a_role_without_replication() {
     let mut w = Waltail::new(&db, &unique("norepl").replace('_', "-"), "public.t");
     let url = db.url.replacen("postgres@", &format!("{role}@"), 1);
     w.set("WALTAIL_SOURCE_URL", &url);
-    assert_fails(
+    assert_check_fails(
         &w.output(&["check"]),
         "replication privilege",
         "WITH REPLICATION",
@@ -86,8 +72,8 @@ async fn check_reports_a_missing_table_and_one_without_a_key() {
         "public.missing,public.nokey",
     );
     let out = w.output(&["check"]);
-    assert_fails(&out, "table public.missing", "remove");
-    assert_fails(&out, "table public.nokey", "ADD PRIMARY KEY");
+    assert_check_fails(&out, "table public.missing", "remove");
+    assert_check_fails(&out, "table public.nokey", "ADD PRIMARY KEY");
     db.drop_db().await;
 }
 
@@ -99,7 +85,7 @@ async fn check_reports_a_wrong_s3_secret() {
     w.s3("badsecret")
         .set("WALTAIL_DESTINATION_SECRET_ACCESS_KEY", "not-the-secret");
     let out = w.output(&["check"]);
-    assert_fails(&out, "write access", "secret_access_key");
+    assert_check_fails(&out, "write access", "secret_access_key");
     assert!(
         !out.1.contains("not-the-secret") && !out.2.contains("not-the-secret"),
         "the secret leaked:\n{}\n{}",
@@ -116,7 +102,7 @@ async fn check_reports_a_missing_bucket() {
     let mut w = Waltail::new(&db, &unique("nobucket").replace('_', "-"), "public.t");
     w.s3("x")
         .set("WALTAIL_DESTINATION_BUCKET", "no-such-bucket-here");
-    assert_fails(&w.output(&["check"]), "write access", "bucket");
+    assert_check_fails(&w.output(&["check"]), "write access", "bucket");
     db.drop_db().await;
 }
 

@@ -18,19 +18,6 @@ async fn archived_seqs(s3: &DedicatedS3, prefix: &str) -> Vec<u64> {
     seqs_of(&s3.objects(prefix).await)
 }
 
-/// (parked, held) batches in `waltail parked list`.
-fn parked_lines(w: &Waltail) -> (usize, usize) {
-    let (status, stdout, stderr) = w.output(&["parked", "list"]);
-    assert!(status.success(), "{stdout}{stderr}");
-    let count = |s: &str| {
-        stdout
-            .lines()
-            .filter(|l| l.split_whitespace().nth(2) == Some(s))
-            .count()
-    };
-    (count("parked"), count("held"))
-}
-
 #[tokio::test]
 async fn sigstopped_store_parks_after_the_retry_budget_and_replay_delivers() {
     let s3 = DedicatedS3::start();
@@ -58,7 +45,7 @@ async fn sigstopped_store_parks_after_the_retry_budget_and_replay_delivers() {
     db.exec("UPDATE t SET v = 1 WHERE id = 1").await; // seq 5
     db.exec("UPDATE t SET v = 1 WHERE id = 2").await; // seq 6
     eventually(Duration::from_secs(30), "seqs 5 and 6 parked", async || {
-        parked_lines(&w) == (2, 0)
+        w.parked_counts() == (2, 0)
     })
     .await;
     // Two attempts of 1 s each (plus 50 ms backoff): parked after about 2 s, not before.
@@ -69,7 +56,7 @@ async fn sigstopped_store_parks_after_the_retry_budget_and_replay_delivers() {
     );
     db.exec("UPDATE t SET v = 2 WHERE id = 1").await; // seq 7: held behind 5
     eventually(Duration::from_secs(30), "seq 7 held", async || {
-        parked_lines(&w) == (2, 1)
+        w.parked_counts() == (2, 1)
     })
     .await;
     let (_, list, _) = w.output(&["parked", "list"]);
@@ -86,7 +73,7 @@ async fn sigstopped_store_parks_after_the_retry_budget_and_replay_delivers() {
     })
     .await;
     eventually(Duration::from_secs(30), "two held batches", async || {
-        parked_lines(&w) == (2, 2)
+        w.parked_counts() == (2, 2)
     })
     .await;
     let seqs = archived_seqs(&s3, &prefix).await;
@@ -106,7 +93,7 @@ async fn sigstopped_store_parks_after_the_retry_budget_and_replay_delivers() {
     // Replay through the running pipeline.
     let (status, stdout, stderr) = w.output(&["parked", "replay", "--all"]);
     assert!(status.success(), "replay failed:\n{stdout}\n{stderr}");
-    assert_eq!(parked_lines(&w), (0, 0));
+    assert_eq!(w.parked_counts(), (0, 0));
     let changes = checked_changes(&s3.objects(&prefix).await, Some(&prefix), &pipeline);
     assert_eq!(changes.len(), 9, "every seq archived exactly once");
     assert_eq!(replay(&changes)["public.t"], db.rows("t").await);

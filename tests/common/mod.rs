@@ -310,6 +310,19 @@ impl Waltail {
         );
     }
 
+    /// (parked, held) batches as `waltail parked list` shows them.
+    pub fn parked_counts(&self) -> (usize, usize) {
+        let (status, stdout, stderr) = self.output(&["parked", "list"]);
+        assert!(status.success(), "{stdout}{stderr}");
+        let count = |s: &str| {
+            stdout
+                .lines()
+                .filter(|l| l.split_whitespace().nth(2) == Some(s))
+                .count()
+        };
+        (count("parked"), count("held"))
+    }
+
     /// kill -9.
     pub fn kill9(&mut self) {
         let _ = self.stop_with("KILL");
@@ -528,6 +541,27 @@ pub fn seqs_of(objects: &[Object]) -> Vec<u64> {
         .collect();
     seqs.sort();
     seqs
+}
+
+/// Asserts that `waltail check` (its `output`) failed on the check named
+/// `line`, with a fix mentioning `fix`; returns the FAIL line.
+pub fn assert_check_fails(
+    out: &(std::process::ExitStatus, String, String),
+    line: &str,
+    fix: &str,
+) -> String {
+    let (status, stdout, stderr) = out;
+    assert_eq!(status.code(), Some(1), "exit code\n{stdout}\n{stderr}");
+    let fail = stdout
+        .lines()
+        .position(|l| l.contains("FAIL") && l.contains(line))
+        .unwrap_or_else(|| panic!("no FAIL line for {line:?}:\n{stdout}"));
+    let next = stdout.lines().nth(fail + 1).unwrap_or_default();
+    assert!(
+        next.contains("fix:") && next.contains(fix),
+        "fix for {line:?} should mention {fix:?}:\n{stdout}"
+    );
+    stdout.lines().nth(fail).unwrap_or_default().to_string()
 }
 
 /// Polls until `check` returns true, or fails with `what`.
