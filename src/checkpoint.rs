@@ -17,6 +17,10 @@
 //!   its rows is *held* behind it. Both count as durable for confirmation.
 //!   `waltail parked replay` delivers a parked batch under the same key and
 //!   releases the held ones in seq order.
+//! - backfills: what was asked, how far each got (the last key of the last
+//!   chunk handed to the pipeline), and the rows of the chunks whose high
+//!   watermark is not confirmed yet, so a restart emits the same `read`
+//!   events with the same bytes (see `source::backfill`).
 
 use std::path::{Path, PathBuf};
 
@@ -91,6 +95,38 @@ CREATE TABLE IF NOT EXISTS parked (
     last_error TEXT,
     parked_at  TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS backfills (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    schema_name  TEXT NOT NULL,
+    table_name   TEXT NOT NULL,
+    status       TEXT NOT NULL CHECK (status IN ('pending', 'running', 'done', 'cancelled', 'failed')),
+    chunk_size   INTEGER NOT NULL,
+    estimate     INTEGER NOT NULL,
+    rows_read    INTEGER NOT NULL DEFAULT 0,
+    rows_sent    INTEGER NOT NULL DEFAULT 0,
+    last_key     TEXT,
+    error        TEXT,
+    requested_at TEXT NOT NULL,
+    finished_at  TEXT
+);
+CREATE TABLE IF NOT EXISTS backfill_chunks (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    backfill  INTEGER NOT NULL,
+    members   TEXT,
+    last_key  TEXT,
+    rows      INTEGER NOT NULL DEFAULT 0,
+    is_last   INTEGER NOT NULL DEFAULT 0,
+    stored    INTEGER NOT NULL DEFAULT 0,
+    done      INTEGER NOT NULL DEFAULT 0,
+    hw_end    INTEGER
+);
+CREATE TABLE IF NOT EXISTS backfill_rows (
+    chunk INTEGER NOT NULL,
+    ord   INTEGER NOT NULL,
+    hash  INTEGER NOT NULL,
+    data  BLOB NOT NULL,
+    PRIMARY KEY (chunk, ord)
+) WITHOUT ROWID;
 ";
 
 /// Where a parked-table batch stands.
@@ -418,6 +454,312 @@ impl Checkpoint {
             .execute(
                 "INSERT OR IGNORE INTO schemas (tbl, version, fingerprint) VALUES (?1, ?2, ?3)",
                 params![table, version as i64, fingerprint],
+            )
+            .map(|_| ())
+            .map_err(self.err())
+    }
+}
+
+/// One backfill of one table, as requested and as far as it got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backfill {
+    pub id: i64,
+    pub schema: String,
+    pub table: String,
+    /// pending, running, done, cancelled or failed.
+    pub status: String,
+    pub chunk_size: u64,
+    /// Rows expected (from the estimate shown before it started).
+    pub estimate: u64,
+    /// Rows read in chunks handed to the pipeline.
+    pub rows_read: u64,
+    /// Of those, rows sent as `read` events (the others changed while their
+    /// chunk was read; the change itself carries them).
+    pub rows_sent: u64,
+    /// The key (a JSON array of the key columns' text values) of the last
+    /// row handed over; the next chunk starts after it.
+    pub last_key: Option<String>,
+    pub error: Option<String>,
+    pub requested_at: String,
+    pub finished_at: Option<String>,
+}
+
+impl Backfill {
+    pub fn is_active(&self) -> bool {
+        self.status == "pending" || self.status == "running"
+    }
+}
+
+/// A backfill chunk as the pipeline needs it when its high watermark arrives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    pub id: i64,
+    pub backfill: i64,
+    pub schema: String,
+    pub table: String,
+    /// The table's schema record members, as the stream would write them.
+    pub members: Option<String>,
+    /// Its rows are stored (the high watermark follows only then).
+    pub stored: bool,
+    pub done: bool,
+}
+
+const BACKFILL_COLUMNS: &str = "id, schema_name, table_name, status, chunk_size, estimate, \
+     rows_read, rows_sent, last_key, error, requested_at, finished_at";
+
+fn backfill_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Backfill> {
+    Ok(Backfill {
+        id: r.get(0)?,
+        schema: r.get(1)?,
+        table: r.get(2)?,
+        status: r.get(3)?,
+        chunk_size: r.get::<_, i64>(4)? as u64,
+        estimate: r.get::<_, i64>(5)? as u64,
+        rows_read: r.get::<_, i64>(6)? as u64,
+        rows_sent: r.get::<_, i64>(7)? as u64,
+        last_key: r.get(8)?,
+        error: r.get(9)?,
+        requested_at: r.get(10)?,
+        finished_at: r.get(11)?,
+    })
+}
+
+fn now_text() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+impl Checkpoint {
+    /// Records a backfill request; the pipeline's backfill task takes it.
+    pub fn request_backfill(
+        &mut self,
+        schema: &str,
+        table: &str,
+        chunk_size: u64,
+        estimate: u64,
+    ) -> Result<i64> {
+        self.conn
+            .execute(
+                "INSERT INTO backfills (schema_name, table_name, status, chunk_size, estimate, requested_at)
+                 VALUES (?1, ?2, 'pending', ?3, ?4, ?5)",
+                params![schema, table, chunk_size as i64, estimate as i64, now_text()],
+            )
+            .map_err(self.err())?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Every backfill ever requested, oldest first.
+    pub fn backfills(&self) -> Result<Vec<Backfill>> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT {BACKFILL_COLUMNS} FROM backfills ORDER BY id"
+            ))
+            .map_err(self.err())?;
+        let rows = stmt.query_map([], backfill_row).map_err(self.err())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.err())
+    }
+
+    pub fn backfill(&self, id: i64) -> Result<Option<Backfill>> {
+        self.conn
+            .query_row(
+                &format!("SELECT {BACKFILL_COLUMNS} FROM backfills WHERE id = ?1"),
+                [id],
+                backfill_row,
+            )
+            .optional()
+            .map_err(self.err())
+    }
+
+    /// The oldest backfill still to do (pending or running).
+    pub fn next_backfill(&self) -> Result<Option<Backfill>> {
+        self.conn
+            .query_row(
+                &format!(
+                    "SELECT {BACKFILL_COLUMNS} FROM backfills
+                     WHERE status IN ('pending', 'running') ORDER BY id LIMIT 1"
+                ),
+                [],
+                backfill_row,
+            )
+            .optional()
+            .map_err(self.err())
+    }
+
+    /// Moves an active backfill to `status` (running, failed, cancelled),
+    /// with the error that ended it.
+    pub fn set_backfill_status(
+        &mut self,
+        id: i64,
+        status: &str,
+        error: Option<&str>,
+    ) -> Result<()> {
+        let finished = (status != "running").then(now_text);
+        self.conn
+            .execute(
+                "UPDATE backfills SET status = ?2, error = ?3, finished_at = ?4
+                 WHERE id = ?1 AND status IN ('pending', 'running')",
+                params![id, status, error, finished],
+            )
+            .map(|_| ())
+            .map_err(self.err())
+    }
+
+    /// Cancels every pending or running backfill; returns how many.
+    pub fn cancel_backfills(&mut self) -> Result<usize> {
+        self.conn
+            .execute(
+                "UPDATE backfills SET status = 'cancelled', finished_at = ?1
+                 WHERE status IN ('pending', 'running')",
+                [now_text()],
+            )
+            .map_err(self.err())
+    }
+
+    /// A new chunk of `backfill`, before its low watermark is written.
+    pub fn new_chunk(&mut self, backfill: i64) -> Result<i64> {
+        self.conn
+            .execute(
+                "INSERT INTO backfill_chunks (backfill) VALUES (?1)",
+                [backfill],
+            )
+            .map_err(self.err())?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// The latest chunk of `backfill` that is not done, if any: one whose
+    /// high watermark may still be on its way through the stream.
+    pub fn unfinished_chunk(&self, backfill: i64) -> Result<Option<i64>> {
+        self.conn
+            .query_row(
+                "SELECT id FROM backfill_chunks WHERE backfill = ?1 AND done = 0 ORDER BY id DESC LIMIT 1",
+                [backfill],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(self.err())
+    }
+
+    /// Stores a chunk's rows `(row hash, data JSON)` in one transaction,
+    /// before its high watermark is written.
+    pub fn store_chunk(
+        &mut self,
+        chunk: i64,
+        rows: &[(u64, Vec<u8>)],
+        last_key: Option<&str>,
+        is_last: bool,
+        members: &str,
+    ) -> Result<()> {
+        let path = self.path.display().to_string();
+        let err = |source| Error::State {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(err)?;
+        {
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO backfill_rows (chunk, ord, hash, data) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(err)?;
+            for (ord, (hash, data)) in rows.iter().enumerate() {
+                insert
+                    .execute(params![chunk, ord as i64, *hash as i64, data])
+                    .map_err(err)?;
+            }
+        }
+        tx.execute(
+            "UPDATE backfill_chunks SET stored = 1, rows = ?2, last_key = ?3, is_last = ?4, members = ?5
+             WHERE id = ?1",
+            params![chunk, rows.len() as i64, last_key, is_last, members],
+        )
+        .map_err(err)?;
+        tx.commit().map_err(err)
+    }
+
+    pub fn chunk(&self, chunk: i64) -> Result<Option<Chunk>> {
+        self.conn
+            .query_row(
+                "SELECT c.id, c.backfill, b.schema_name, b.table_name, c.members, c.stored, c.done
+                 FROM backfill_chunks c JOIN backfills b ON b.id = c.backfill WHERE c.id = ?1",
+                [chunk],
+                |r| {
+                    Ok(Chunk {
+                        id: r.get(0)?,
+                        backfill: r.get(1)?,
+                        schema: r.get(2)?,
+                        table: r.get(3)?,
+                        members: r.get(4)?,
+                        stored: r.get(5)?,
+                        done: r.get(6)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(self.err())
+    }
+
+    /// A stored chunk's rows `(place in chunk, row hash, data JSON)`, in key order.
+    pub fn chunk_rows(&self, chunk: i64) -> Result<Vec<(u32, u64, Vec<u8>)>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT ord, hash, data FROM backfill_rows WHERE chunk = ?1 ORDER BY ord")
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([chunk], |r| {
+                Ok((
+                    r.get::<_, i64>(0)? as u32,
+                    r.get::<_, i64>(1)? as u64,
+                    r.get(2)?,
+                ))
+            })
+            .map_err(self.err())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.err())
+    }
+
+    /// Records that a chunk's rows were handed to the pipeline (`sent` of
+    /// them as `read` events) at the high watermark ending at `hw_end`: the
+    /// backfill moves past its last key, and is done after its last chunk.
+    /// Idempotent: a chunk seen again after a restart counts once.
+    pub fn complete_chunk(&mut self, chunk: i64, hw_end: u64, sent: u64) -> Result<()> {
+        let path = self.path.display().to_string();
+        let err = |source| Error::State {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(err)?;
+        let changed = tx
+            .execute(
+                "UPDATE backfill_chunks SET done = 1, hw_end = ?2 WHERE id = ?1 AND done = 0",
+                params![chunk, hw_end as i64],
+            )
+            .map_err(err)?;
+        if changed == 1 {
+            tx.execute(
+                "UPDATE backfills SET
+                     rows_read = rows_read + (SELECT rows FROM backfill_chunks WHERE id = ?1),
+                     rows_sent = rows_sent + ?2,
+                     last_key = COALESCE((SELECT last_key FROM backfill_chunks WHERE id = ?1), last_key),
+                     status = CASE WHEN (SELECT is_last FROM backfill_chunks WHERE id = ?1) = 1
+                                   AND status IN ('pending', 'running') THEN 'done' ELSE status END,
+                     finished_at = CASE WHEN (SELECT is_last FROM backfill_chunks WHERE id = ?1) = 1
+                                   THEN ?3 ELSE finished_at END
+                 WHERE id = (SELECT backfill FROM backfill_chunks WHERE id = ?1)",
+                params![chunk, sent as i64, now_text()],
+            )
+            .map_err(err)?;
+        }
+        tx.commit().map_err(err)
+    }
+
+    /// Drops the rows of every chunk up to the last one whose high watermark
+    /// is confirmed (at or before `confirmed_lsn`): the stream will not
+    /// bring those watermarks again.
+    pub fn forget_chunks(&mut self, confirmed_lsn: u64) -> Result<()> {
+        self.conn
+            .execute(
+                "DELETE FROM backfill_rows WHERE chunk <= (
+                     SELECT COALESCE(MAX(id), 0) FROM backfill_chunks WHERE done = 1 AND hw_end <= ?1)",
+                [confirmed_lsn as i64],
             )
             .map(|_| ())
             .map_err(self.err())

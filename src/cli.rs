@@ -48,6 +48,22 @@ pub enum Command {
         #[arg(long)]
         recreate_slot: bool,
     },
+    /// Archive the rows that already exist as `read` events, while streaming
+    /// and writes go on (asks after showing an estimate)
+    Backfill {
+        /// Tables to backfill, as in source.tables [default: all of them]
+        #[arg(value_name = "TABLE")]
+        tables: Vec<String>,
+        /// Start without asking
+        #[arg(long, short)]
+        yes: bool,
+        /// Rows per chunk (each chunk is read in one short transaction)
+        #[arg(long, value_name = "ROWS", default_value_t = crate::source::backfill::DEFAULT_CHUNK_SIZE)]
+        chunk_size: u64,
+        /// Cancel the backfills in progress instead
+        #[arg(long, conflicts_with_all = ["tables", "yes"])]
+        cancel: bool,
+    },
     /// Where the pipeline stands: position, lag, rate, parked batches
     Status {
         /// One JSON object instead of text
@@ -104,7 +120,11 @@ pub fn main() -> ExitCode {
         }
         _ => {}
     }
-    telemetry::init_logging(cli.log_format);
+    // A backfill on a terminal draws a progress bar; routine log lines
+    // would break it, so only warnings show there unless WALTAIL_LOG says.
+    let quiet = matches!(cli.command, Command::Backfill { .. })
+        && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    telemetry::init_logging(cli.log_format, if quiet { "warn" } else { "info" });
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -126,6 +146,22 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Check => check(&config).await,
             Command::Run { recreate_slot } => run(&config, RunOptions { recreate_slot }).await,
+            Command::Backfill {
+                tables,
+                yes,
+                chunk_size,
+                cancel,
+            } => {
+                let opts = crate::source::backfill::command::Options {
+                    tables,
+                    yes,
+                    chunk_size: Some(chunk_size),
+                    cancel,
+                };
+                let stop = stop_on_signals();
+                serve_telemetry(&config).await?;
+                crate::source::backfill::command::backfill(&config, opts, stop).await
+            }
             Command::Status { json } => crate::status::status(&config, json).await,
             Command::Completions { .. } | Command::Man => {
                 unreachable!("handled before loading the configuration")
@@ -143,7 +179,13 @@ pub fn main() -> ExitCode {
             if let Some(hint) = e.hint() {
                 eprintln!("  fix: {hint}");
             }
-            ExitCode::FAILURE
+            // A usage problem found by the command (e.g. a confirmation
+            // that cannot be asked) exits like a bad configuration.
+            if matches!(e, Error::Config(_)) {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -161,9 +203,13 @@ fn print_quietly(bytes: &[u8]) -> ExitCode {
     }
 }
 
-async fn run(config: &Config, opts: RunOptions) -> Result<ExitCode> {
-    let (tx, rx) = tokio::sync::watch::channel(0u32);
+/// Counts SIGINT/SIGTERM: the first asks for a graceful stop, a second one
+/// for an immediate stop (see [`pipeline::Shutdown`]).
+fn stop_on_signals() -> tokio::sync::watch::Sender<u32> {
+    let (tx, _) = tokio::sync::watch::channel(0u32);
+    let signals = tx.clone();
     tokio::spawn(async move {
+        let tx = signals;
         let (Ok(mut term), Ok(mut int)) = (
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()),
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()),
@@ -178,6 +224,18 @@ async fn run(config: &Config, opts: RunOptions) -> Result<ExitCode> {
             tx.send_modify(|n| *n += 1);
         }
     });
+    tx
+}
+
+async fn run(config: &Config, opts: RunOptions) -> Result<ExitCode> {
+    let stop = stop_on_signals();
+    serve_telemetry(config).await?;
+    pipeline::run(config, &opts, stop.subscribe()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Serves /metrics, /healthz and /readyz when telemetry.listen is set.
+async fn serve_telemetry(config: &Config) -> Result<()> {
     if let Some(addr) = config.telemetry_listen {
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
             Error::fatal(
@@ -188,8 +246,7 @@ async fn run(config: &Config, opts: RunOptions) -> Result<ExitCode> {
         tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
         tokio::spawn(crate::telemetry::serve(listener));
     }
-    pipeline::run(config, &opts, rx).await?;
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 async fn check(config: &Config) -> Result<ExitCode> {

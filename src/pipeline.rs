@@ -32,6 +32,7 @@ use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
 use crate::envelope;
 use crate::error::Disposition;
 use crate::sink::{Sink, layout};
+use crate::source::backfill::{self, Mark, Watermark, driver::Driver};
 use crate::source::catalog::TypeCatalog;
 use crate::source::pgoutput::format_lsn;
 use crate::source::replication::{FeedbackSender, ReplicationConnection};
@@ -88,6 +89,10 @@ pub async fn run(config: &Config, opts: &RunOptions, mut shutdown: Shutdown) -> 
         )
     })?;
     let sink = Sink::new(&config.destination, config.delivery.request_timeout)?;
+    // The pipeline reports each backfill chunk it has handed over; the
+    // backfill task (spanning sessions) waits on it.
+    let (chunks_done, chunks_done_rx) = watch::channel(0i64);
+    let mut backfill = Driver::new(config, chunks_done_rx);
     let mut wait = RECONNECT_MIN;
     let mut set_up = false;
     loop {
@@ -97,7 +102,15 @@ pub async fn run(config: &Config, opts: &RunOptions, mut shutdown: Shutdown) -> 
                 prepare(config, opts, &mut checkpoint).await?;
                 set_up = true;
             }
-            session(config, &mut checkpoint, &sink, shutdown.clone()).await
+            session(
+                config,
+                &mut checkpoint,
+                &sink,
+                shutdown.clone(),
+                &mut backfill,
+                &chunks_done,
+            )
+            .await
         }
         .await;
         match result {
@@ -185,6 +198,8 @@ async fn session(
     checkpoint: &mut Checkpoint,
     sink: &Sink,
     shutdown: Shutdown,
+    backfill: &mut Driver,
+    chunks_done: &watch::Sender<i64>,
 ) -> Result<()> {
     let cursor = checkpoint.cursor()?.unwrap_or(Cursor {
         confirmed_lsn: 0,
@@ -204,10 +219,12 @@ async fn session(
         .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    // Logical messages (backfill watermarks) reach pgoutput from 14 on too.
     let options: Vec<(&str, &str)> = if major >= 14 {
         vec![
             ("proto_version", "2"),
             ("streaming", "on"),
+            ("messages", "true"),
             ("publication_names", &publications),
         ]
     } else {
@@ -288,6 +305,8 @@ async fn session(
         );
     }
     let data_version = checkpoint.data_version()?;
+    checkpoint.forget_chunks(cursor.confirmed_lsn)?;
+    backfill.poke(checkpoint)?;
     let mut pipeline = Pipeline {
         checkpoint,
         pipeline: config.pipeline.clone(),
@@ -308,6 +327,10 @@ async fn session(
         waiting: VecDeque::new(),
         confirm: confirm_tx,
         stats: Stats::default(),
+        window: None,
+        forget_at: None,
+        backfill,
+        chunks_done,
     };
     pipeline.release()?;
     let ended = pipeline.run(rx, shutdown).await;
@@ -428,6 +451,33 @@ enum Ended {
     SourceClosed,
 }
 
+/// A committed transaction not yet confirmed.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    end_lsn: u64,
+    /// Its last change's seq: the cursor's `S` is the next one.
+    last_seq: u64,
+    /// It may be confirmed once every seq up to here is written: its own
+    /// last seq, or, for a backfill's low watermark, the last `read` event
+    /// of its chunk (`u64::MAX` until the high watermark comes), so the
+    /// stream brings the whole window again after a restart.
+    until: u64,
+}
+
+/// A backfill chunk between its low and high watermark in the stream.
+struct Window {
+    chunk: i64,
+    /// `schema.table` of the chunk's table.
+    table: String,
+    /// Rows of that table changed inside the window (row identity hashes).
+    changed: HashSet<u64>,
+    truncated: bool,
+    /// End LSN of the low watermark's transaction, once committed.
+    low_end: Option<u64>,
+    /// The high watermark came; its transaction's commit completes the chunk.
+    sent: Option<u64>,
+}
+
 /// Seqs written so far: all up to `upto`, and ranges beyond it written out
 /// of order (uploads finish in any order).
 struct Frontier {
@@ -508,13 +558,19 @@ struct Pipeline<'a> {
     /// Written batches (by first seq) whose done mark is not persisted yet.
     done: Vec<u64>,
     frontier: Frontier,
-    /// Committed transactions not yet confirmed: (end LSN, last seq).
-    txns: VecDeque<(u64, u64)>,
+    /// Committed transactions not yet confirmed, in commit order.
+    txns: VecDeque<Pending>,
     open_txn: bool,
     /// Cut batches waiting for an upload slot, in seq order.
     waiting: VecDeque<Batch>,
     confirm: watch::Sender<u64>,
     stats: Stats,
+    /// The backfill chunk whose watermarks are being passed, if any.
+    window: Option<Window>,
+    /// Chunk rows in the state can go once this LSN is confirmed.
+    forget_at: Option<u64>,
+    backfill: &'a mut Driver,
+    chunks_done: &'a watch::Sender<i64>,
 }
 
 impl Pipeline<'_> {
@@ -588,6 +644,7 @@ impl Pipeline<'_> {
                     if version != self.data_version {
                         self.data_version = version;
                         self.release()?;
+                        self.backfill.poke(self.checkpoint)?;
                     }
                 }
                 event = rx.recv(), if accepting => match event {
@@ -610,24 +667,46 @@ impl Pipeline<'_> {
             SourceEvent::Schema(record) => self.schema(record).await?,
             SourceEvent::Begin => self.open_txn = true,
             SourceEvent::Change(change) => {
-                METRICS.changes_received.fetch_add(1, Relaxed);
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                match self.batcher.push(seq, &change) {
-                    None => {}
-                    Some(Cut::Ready(batch)) => self.enqueue(batch)?,
-                    Some(Cut::AlreadyWritten {
-                        first_seq,
-                        last_seq,
-                    }) => {
-                        self.frontier.mark(first_seq, last_seq);
-                        self.advance();
+                if let Some(w) = self.window.as_mut()
+                    && w.low_end.is_some()
+                    && w.sent.is_none()
+                    && change.table.name == w.table
+                {
+                    match change.op {
+                        envelope::Op::Truncate => w.truncated = true,
+                        _ => w.changed.extend(change.rows.as_slice()),
                     }
                 }
+                self.push_change(&change)?;
             }
+            SourceEvent::Watermark {
+                content,
+                commit_lsn,
+                commit_ts,
+            } => self.watermark(&content, commit_lsn, commit_ts).await?,
             SourceEvent::Commit { end_lsn } => {
                 self.open_txn = false;
-                self.txns.push_back((end_lsn, self.next_seq - 1));
+                let last_seq = self.next_seq - 1;
+                let mut until = last_seq;
+                if let Some(w) = self.window.as_mut() {
+                    if w.low_end.is_none() {
+                        // The low watermark's transaction: held until the
+                        // chunk's `read` events are written.
+                        w.low_end = Some(end_lsn);
+                        until = u64::MAX;
+                    } else if let Some(sent) = w.sent {
+                        let w = self.window.take().expect("checked above");
+                        self.hold_low(w.low_end, last_seq);
+                        self.checkpoint.complete_chunk(w.chunk, end_lsn, sent)?;
+                        self.report_chunk(w.chunk);
+                        self.forget_at = Some(end_lsn);
+                    }
+                }
+                self.txns.push_back(Pending {
+                    end_lsn,
+                    last_seq,
+                    until,
+                });
                 self.advance();
             }
             SourceEvent::Keepalive { wal_end } => {
@@ -651,6 +730,143 @@ impl Pipeline<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Numbers a change and hands it to the batcher.
+    fn push_change(&mut self, change: &envelope::Change) -> Result<()> {
+        METRICS.changes_received.fetch_add(1, Relaxed);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        match self.batcher.push(seq, change) {
+            None => {}
+            Some(Cut::Ready(batch)) => self.enqueue(batch)?,
+            Some(Cut::AlreadyWritten {
+                first_seq,
+                last_seq,
+            }) => {
+                self.frontier.mark(first_seq, last_seq);
+                self.advance();
+            }
+        }
+        Ok(())
+    }
+
+    /// A backfill watermark of this pipeline (see `source::backfill`): a low
+    /// one opens a chunk's window (closing any other, whose chunk was given
+    /// up), a high one emits the chunk's rows not changed inside the window
+    /// as `read` events of its own transaction.
+    async fn watermark(&mut self, content: &[u8], commit_lsn: u64, commit_ts: i64) -> Result<()> {
+        let Ok(mark) = serde_json::from_slice::<Watermark>(content) else {
+            tracing::debug!("ignoring a waltail message that is not a watermark");
+            return Ok(());
+        };
+        if mark.pipeline != self.pipeline {
+            return Ok(());
+        }
+        match mark.mark {
+            Mark::Low | Mark::Abort => {
+                if let Some(w) = self.window.take() {
+                    tracing::debug!(chunk = w.chunk, "backfill chunk given up");
+                    self.hold_low(w.low_end, 0);
+                }
+                if mark.mark == Mark::Abort {
+                    // Passed: the backfill task may go on (see its driver).
+                    self.report_chunk(mark.chunk);
+                    return Ok(());
+                }
+                let Some(chunk) = self.checkpoint.chunk(mark.chunk)? else {
+                    tracing::warn!(
+                        chunk = mark.chunk,
+                        "a backfill watermark for a chunk the local state does not know; ignored"
+                    );
+                    return Ok(());
+                };
+                self.window = Some(Window {
+                    chunk: mark.chunk,
+                    table: backfill::table_ref(&chunk.schema, &chunk.table)
+                        .name
+                        .clone(),
+                    changed: HashSet::new(),
+                    truncated: false,
+                    low_end: None,
+                    sent: None,
+                });
+            }
+            Mark::High => {
+                let Some(w) = self
+                    .window
+                    .as_ref()
+                    .filter(|w| w.chunk == mark.chunk && w.low_end.is_some())
+                else {
+                    return Ok(());
+                };
+                let chunk = self.checkpoint.chunk(mark.chunk)?;
+                let (Some(chunk), true) =
+                    (chunk.as_ref(), chunk.as_ref().is_some_and(|c| c.stored))
+                else {
+                    tracing::warn!(
+                        chunk = mark.chunk,
+                        "a backfill chunk's rows are missing from the local state; the chunk is read again"
+                    );
+                    self.window.as_mut().expect("checked").sent = Some(0);
+                    return Ok(());
+                };
+                let table = backfill::table_ref(&chunk.schema, &chunk.table);
+                let rows = self.checkpoint.chunk_rows(chunk.id)?;
+                let skip: Vec<bool> = rows
+                    .iter()
+                    .map(|(_, hash, _)| w.truncated || w.changed.contains(hash))
+                    .collect();
+                if let Some(members) = &chunk.members {
+                    self.schema(SchemaRecord {
+                        table: table.clone(),
+                        members: members.clone(),
+                    })
+                    .await?;
+                }
+                let mut sent = 0;
+                for ((ord, hash, data), skip) in rows.into_iter().zip(skip) {
+                    if skip {
+                        continue;
+                    }
+                    sent += 1;
+                    self.push_change(&envelope::Change {
+                        op: envelope::Op::Read,
+                        table: table.clone(),
+                        data: Some(data),
+                        old: None,
+                        commit_lsn,
+                        commit_ts,
+                        index: ord,
+                        rows: envelope::RowSet::one(hash),
+                    })?;
+                }
+                self.window.as_mut().expect("checked").sent = Some(sent);
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the backfill task the stream has passed this chunk.
+    fn report_chunk(&self, chunk: i64) {
+        self.chunks_done.send_if_modified(|done| {
+            let newer = chunk > *done;
+            *done = (*done).max(chunk);
+            newer
+        });
+    }
+
+    /// Sets how far a low watermark's transaction waits: until seq `until`
+    /// is written (0: no longer than its own changes).
+    fn hold_low(&mut self, low_end: Option<u64>, until: u64) {
+        if let Some(p) = self
+            .txns
+            .iter_mut()
+            .find(|p| Some(p.end_lsn) == low_end && p.until == u64::MAX)
+        {
+            p.until = until.max(p.last_seq);
+        }
+        self.advance();
     }
 
     /// Writes a table's schema record the first time this shape is seen, as
@@ -882,14 +1098,14 @@ impl Pipeline<'_> {
 
     /// Moves the cursor past every committed transaction wholly written.
     fn advance(&mut self) {
-        while let Some(&(end_lsn, last_seq)) = self.txns.front() {
-            if last_seq > self.frontier.upto {
+        while let Some(&p) = self.txns.front() {
+            if p.last_seq > self.frontier.upto || p.until > self.frontier.upto {
                 break;
             }
             self.txns.pop_front();
             self.cursor = Cursor {
-                confirmed_lsn: end_lsn.max(self.cursor.confirmed_lsn),
-                next_seq: last_seq + 1,
+                confirmed_lsn: p.end_lsn.max(self.cursor.confirmed_lsn),
+                next_seq: p.last_seq + 1,
             };
             self.dirty = true;
         }
@@ -915,6 +1131,12 @@ impl Pipeline<'_> {
         let cursor = self.dirty.then_some(self.cursor);
         self.checkpoint.commit(&self.done, cursor)?;
         self.done.clear();
+        if let Some(at) = self.forget_at
+            && self.cursor.confirmed_lsn >= at
+        {
+            self.checkpoint.forget_chunks(self.cursor.confirmed_lsn)?;
+            self.forget_at = None;
+        }
         if self.dirty {
             self.dirty = false;
             self.confirm.send_replace(self.cursor.confirmed_lsn);

@@ -12,8 +12,9 @@ pub enum LogFormat {
 }
 
 /// Installs the global subscriber. Call once, from the binary.
-pub fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_env("WALTAIL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+/// Logs to stderr at `default` level unless WALTAIL_LOG sets a filter.
+pub fn init_logging(format: LogFormat, default: &str) {
+    let filter = EnvFilter::try_from_env("WALTAIL_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -64,6 +64,11 @@ impl TypeCatalog {
         }
     }
 
+    /// The catalog's SQL connection, for other lookups on the same session.
+    pub fn client(&self) -> Option<&Client> {
+        self.client.as_ref()
+    }
+
     pub async fn resolve(&mut self, oid: u32, typmod: i32) -> Arc<ColumnType> {
         if let Some(t) = self.cache.get(&(oid, typmod)) {
             return t.clone();

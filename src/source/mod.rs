@@ -4,6 +4,7 @@
 //! ([`pgoutput`]), value rendering ([`types`]) and the event stream
 //! ([`stream`]). Ordinary SQL goes through tokio-postgres.
 
+pub mod backfill;
 pub mod catalog;
 pub mod check;
 pub mod pgoutput;
@@ -15,6 +16,18 @@ pub mod tls;
 pub mod types;
 
 use secrecy::ExposeSecret;
+
+/// Session settings that fix how values are printed as text. The
+/// replication connection sends them at startup (the walsender formats
+/// pgoutput values with them); the backfill's SQL connection SETs them, so a
+/// row read by SQL renders exactly as the same row in the stream.
+pub const OUTPUT_SETTINGS: [(&str, &str); 5] = [
+    ("DateStyle", "ISO"),
+    ("TimeZone", "UTC"),
+    ("IntervalStyle", "iso_8601"),
+    ("extra_float_digits", "1"),
+    ("bytea_output", "hex"),
+];
 
 use crate::config::SourceConfig;
 use crate::{Error, Result};

@@ -571,14 +571,10 @@ impl ReplicationConnection {
             ("application_name", application_name),
             // Rows from simple_query are decoded as UTF-8.
             ("client_encoding", "UTF8"),
-            // Settings in the startup packet also apply to the walsender, so
-            // pgoutput/SQL text output is formatted predictably.
-            ("DateStyle", "ISO"),
-            ("TimeZone", "UTC"),
-            ("IntervalStyle", "iso_8601"),
-            ("extra_float_digits", "1"),
-            ("bytea_output", "hex"),
         ];
+        // Settings in the startup packet also apply to the walsender, so
+        // pgoutput/SQL text output is formatted predictably.
+        params.extend(crate::source::OUTPUT_SETTINGS);
         if let Some(db) = config.get_dbname() {
             params.push(("database", db));
         }

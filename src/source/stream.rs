@@ -38,7 +38,17 @@ pub enum SourceEvent {
     /// A table's shape as of the changes that follow (sent by the server
     /// before the first change of a table in a session, and after DDL).
     Schema(SchemaRecord),
+    /// A transactional logical message with waltail's prefix (a backfill
+    /// watermark), at its place among the transaction's changes.
+    Watermark {
+        content: bytes::Bytes,
+        commit_lsn: u64,
+        commit_ts: i64,
+    },
 }
+
+/// The prefix of waltail's logical messages (`pg_logical_emit_message`).
+pub const MESSAGE_PREFIX: &str = "waltail";
 
 /// A table's columns, types, key and replica identity, as JSON members
 /// (`"columns":[...],"replica_identity":"..."`): the same shape always gives
@@ -271,7 +281,24 @@ impl Decoder {
                     });
                 }
             }
-            // Origins, custom type names and logical messages carry no row changes.
+            // Backfill watermarks: only transactional ones are ordered with
+            // the changes (a watermark is never part of a streamed transaction:
+            // it is committed on its own).
+            LogicalMessage::Message {
+                transactional: true,
+                prefix,
+                content,
+                ..
+            } if prefix == MESSAGE_PREFIX && self.in_stream.is_none() => {
+                if let Some(txn) = self.txn.as_ref().filter(|t| !t.skip) {
+                    out.push(SourceEvent::Watermark {
+                        content,
+                        commit_lsn: txn.commit_lsn,
+                        commit_ts: txn.commit_ts,
+                    });
+                }
+            }
+            // Origins, custom type names and other logical messages carry no row changes.
             LogicalMessage::Origin { .. }
             | LogicalMessage::Type { .. }
             | LogicalMessage::Message { .. } => {}
@@ -348,6 +375,37 @@ impl Decoder {
     /// message itself is handled (resolution is async; handling is not).
     pub fn set_types(&mut self, rel_id: u32, types: Vec<Arc<ColumnType>>) {
         self.resolved.insert(rel_id, types);
+    }
+}
+
+/// A table's columns as the stream renders them, for rows read by SQL
+/// (backfill): the same JSON and the same row identity as a change of the
+/// same row would have.
+pub struct TableShape(RelationInfo);
+
+impl TableShape {
+    /// `rel` as the server's Relation message would describe the table.
+    pub fn new(rel: &Relation, types: &[Arc<ColumnType>]) -> (TableShape, SchemaRecord) {
+        let (info, schema) = relation_info(rel, types);
+        (TableShape(info), schema)
+    }
+
+    pub fn table(&self) -> &Arc<TableRef> {
+        &self.0.table
+    }
+
+    /// The row as a JSON object, and its identity for per-row ordering (see
+    /// `Change::rows`), from text-format values in column order.
+    pub fn render<'a>(&self, values: impl Iterator<Item = Option<&'a str>>) -> (Vec<u8>, u64) {
+        let tuple = TupleData(
+            values
+                .map(|v| match v {
+                    Some(s) => ColumnValue::Text(bytes::Bytes::copy_from_slice(s.as_bytes())),
+                    None => ColumnValue::Null,
+                })
+                .collect(),
+        );
+        (row_json(&self.0, &tuple, false), row_hash(&self.0, &tuple))
     }
 }
 

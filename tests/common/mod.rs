@@ -13,7 +13,7 @@ pub mod s3;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -230,17 +230,40 @@ impl Waltail {
 
     /// Starts `waltail run` in the background and waits until it streams.
     pub fn start(&mut self) {
+        self.spawn(&["run"]);
+        self.wait_log("streaming", Duration::from_secs(30));
+    }
+
+    /// Starts `waltail <args>` in the background, stdout and stderr into
+    /// this run's log.
+    pub fn spawn(&mut self, args: &[&str]) {
         assert!(self.child.is_none(), "already running");
         self.runs += 1;
         let log = std::fs::File::create(self.log_path(self.runs)).unwrap();
         let child = self
-            .command(&["run"])
-            .stdout(Stdio::null())
+            .command(args)
+            .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap();
         self.child = Some(child);
-        self.wait_log("streaming", Duration::from_secs(30));
+    }
+
+    /// Waits for the background command to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("a command is running");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if start.elapsed() > timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("waltail did not exit within {timeout:?}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     pub fn log(&self) -> String {

@@ -1,0 +1,196 @@
+//! The backfill task: runs inside the pipeline process (`waltail run`, or
+//! `waltail backfill` when no pipeline runs), beside the stream, one chunk
+//! at a time. Requests come through the local state, so a `waltail
+//! backfill` in another process reaches a running pipeline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{Mark, TablePlan, check_server, connect, emit, plan, read_chunk};
+use crate::checkpoint::{Backfill, Checkpoint};
+use crate::config::{Config, TableName};
+use crate::error::{Disposition, Report};
+use crate::source::catalog::TypeCatalog;
+use crate::{Error, Result};
+
+/// Waits between attempts after a connection problem: from 1 s doubling to 30 s.
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Starts and stops the backfill task. The pipeline reports each chunk it
+/// has handed over on `completed` (the highest chunk id so far).
+pub struct Driver {
+    config: Arc<Config>,
+    completed: watch::Receiver<i64>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Driver {
+    pub fn new(config: &Config, completed: watch::Receiver<i64>) -> Self {
+        Driver {
+            config: Arc::new(config.clone()),
+            completed,
+            task: None,
+        }
+    }
+
+    /// Starts the task if a backfill is waiting and the task is not running.
+    pub fn poke(&mut self, state: &Checkpoint) -> Result<()> {
+        if self.task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return Ok(());
+        }
+        if state.next_backfill()?.is_none() {
+            return Ok(());
+        }
+        self.task = Some(tokio::spawn(run(
+            self.config.clone(),
+            self.completed.clone(),
+        )));
+        Ok(())
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Works through the waiting backfills; retries connection problems.
+async fn run(config: Arc<Config>, mut completed: watch::Receiver<i64>) {
+    let mut wait = RETRY_MIN;
+    loop {
+        match work(&config, &mut completed).await {
+            Ok(()) => return,
+            Err(e) if e.disposition() == Disposition::Retry => {
+                tracing::warn!(error = %Report(&e), retry_in = ?wait, "backfill interrupted; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RETRY_MAX);
+            }
+            Err(e) => {
+                tracing::error!(error = %Report(&e), "backfill stopped");
+                if let Some(hint) = e.hint() {
+                    tracing::error!("fix: {hint}");
+                }
+                return;
+            }
+        }
+    }
+}
+
+async fn work(config: &Config, completed: &mut watch::Receiver<i64>) -> Result<()> {
+    let mut state = Checkpoint::open(&config.state_file())?;
+    let client = connect(&config.source).await?;
+    check_server(&client).await?;
+    let mut catalog = TypeCatalog::new(Some(client));
+    while let Some(backfill) = state.next_backfill()? {
+        let table = TableName {
+            schema: backfill.schema.clone(),
+            name: backfill.table.clone(),
+        };
+        let plan = match plan(&mut catalog, &table).await {
+            Ok(p) => p,
+            Err(e) => {
+                fail_unless_retry(&mut state, &backfill, e)?;
+                continue;
+            }
+        };
+        if backfill.status == "pending" {
+            state.set_backfill_status(backfill.id, "running", None)?;
+            tracing::info!(table = %table, key = plan.key_kind, chunk_size = backfill.chunk_size, "backfill started");
+        } else {
+            tracing::info!(table = %table, rows_read = backfill.rows_read, "backfill resumed");
+        }
+        let client = catalog.client().expect("the catalog has a client");
+        if let Err(e) = chunks(config, &mut state, client, &plan, backfill.id, completed).await {
+            fail_unless_retry(&mut state, &backfill, e)?;
+        }
+    }
+    Ok(())
+}
+
+/// Marks the backfill failed for an error no retry fixes; hands retryable
+/// ones back to [`run`].
+fn fail_unless_retry(state: &mut Checkpoint, backfill: &Backfill, e: Error) -> Result<()> {
+    if e.disposition() == Disposition::Retry {
+        return Err(e);
+    }
+    let mut message = Report(&e).to_string();
+    if let Some(hint) = e.hint() {
+        message.push_str(&format!(" (fix: {hint})"));
+    }
+    tracing::error!(table = %format!("{}.{}", backfill.schema, backfill.table), error = %message, "backfill failed");
+    state.set_backfill_status(backfill.id, "failed", Some(&message))
+}
+
+/// Reads, stores and hands over chunks until the table is done or the
+/// backfill is cancelled.
+async fn chunks(
+    config: &Config,
+    state: &mut Checkpoint,
+    client: &tokio_postgres::Client,
+    plan: &TablePlan,
+    id: i64,
+    completed: &mut watch::Receiver<i64>,
+) -> Result<()> {
+    // A chunk left by a previous run may have its high watermark still on
+    // the way through the stream: were it read again now, its rows would be
+    // emitted twice. An abort marker after it lets the pipeline pass it
+    // (completing it if its high watermark came) before going on.
+    if let Some(chunk) = state.unfinished_chunk(id)? {
+        emit(client, &config.pipeline, chunk, Mark::Abort).await?;
+        if completed.wait_for(|c| *c >= chunk).await.is_err() {
+            return Ok(());
+        }
+    }
+    loop {
+        let Some(backfill) = state.backfill(id)? else {
+            return Ok(());
+        };
+        if !backfill.is_active() {
+            return Ok(());
+        }
+        let chunk = state.new_chunk(id)?;
+        emit(client, &config.pipeline, chunk, Mark::Low).await?;
+        let read = async {
+            let rows = read_chunk(
+                client,
+                plan,
+                backfill.last_key.as_deref(),
+                backfill.chunk_size,
+            )
+            .await?;
+            state.store_chunk(
+                chunk,
+                &rows.rows,
+                rows.last_key.as_deref(),
+                rows.is_last,
+                &plan.members,
+            )?;
+            Ok::<_, Error>(rows.is_last)
+        }
+        .await;
+        let is_last = match read {
+            Ok(last) => last,
+            Err(e) => {
+                // Closes the window now rather than at the next chunk, so
+                // the slot is not held at the low watermark meanwhile.
+                let _ = emit(client, &config.pipeline, chunk, Mark::Abort).await;
+                return Err(e);
+            }
+        };
+        emit(client, &config.pipeline, chunk, Mark::High).await?;
+        if completed.wait_for(|c| *c >= chunk).await.is_err() {
+            // The pipeline is gone; the next start resumes from the state.
+            return Ok(());
+        }
+        if is_last {
+            return Ok(());
+        }
+    }
+}

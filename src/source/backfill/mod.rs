@@ -1,0 +1,462 @@
+//! Backfill: the rows that already exist, archived as `read` events while
+//! streaming goes on and writes continue.
+//!
+//! The table is read in chunks by key (keyset pagination). Each chunk is
+//! read between two watermarks written into the WAL with
+//! `pg_logical_emit_message` (DBLog's scheme, as in Debezium's incremental
+//! snapshots):
+//!
+//! 1. write the low watermark (its own transaction);
+//! 2. read up to `chunk_size` rows after the last key, and store them in the
+//!    local state;
+//! 3. write the high watermark.
+//!
+//! The pipeline sees the watermarks in commit order among the changes. It
+//! remembers which rows of the table changed between them; at the high
+//! watermark it emits the chunk's other rows as `read` events. A row that
+//! changed inside the window is dropped from the chunk: the change itself
+//! is in the stream and is at least as new as what the chunk read, so a
+//! `read` event never supersedes a newer change. Rows changed after the high
+//! watermark get higher seqs than the chunk's `read` events.
+//!
+//! Crash safety rides on the pipeline's cursor: the slot is not confirmed
+//! past a low watermark until its chunk's `read` events are archived, and
+//! the chunk's rows stay in the local state until its high watermark is
+//! confirmed. After a restart the stream brings both watermarks again and
+//! the same rows come out with the same seqs and bytes.
+//!
+//! Logical messages reach pgoutput from PostgreSQL 14 on (the `messages`
+//! option), so backfill needs 14+.
+
+pub mod command;
+pub mod driver;
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use crate::config::{SourceConfig, TableName, quote_ident, quote_literal};
+use crate::source::catalog::TypeCatalog;
+use crate::source::pgoutput::{Column, Relation};
+use crate::source::stream::{MESSAGE_PREFIX, TableShape};
+use crate::{Error, Result};
+
+/// The first server version whose pgoutput passes logical messages on.
+pub const MIN_SERVER_VERSION: i64 = 140000;
+/// Rows per chunk unless `--chunk-size` says otherwise.
+pub const DEFAULT_CHUNK_SIZE: u64 = 5000;
+/// A chunk also ends at this many bytes of rendered rows, so wide rows keep
+/// the memory of a chunk (read here, re-read by the pipeline) bounded.
+const MAX_CHUNK_BYTES: usize = 16 << 20;
+/// Rows fetched from the chunk's cursor per round trip.
+const FETCH_ROWS: usize = 1000;
+
+/// A watermark as written into the WAL (the message content, JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Watermark {
+    pub pipeline: String,
+    pub chunk: i64,
+    pub mark: Mark,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mark {
+    /// Before the chunk is read.
+    Low,
+    /// After the chunk is read and stored.
+    High,
+    /// The chunk will never get its high watermark (the backfill stopped).
+    Abort,
+}
+
+/// Writes a watermark into the WAL, in its own transaction.
+pub async fn emit(client: &Client, pipeline: &str, chunk: i64, mark: Mark) -> Result<()> {
+    let content = serde_json::to_string(&Watermark {
+        pipeline: pipeline.to_string(),
+        chunk,
+        mark,
+    })
+    .expect("a watermark serialises");
+    client
+        .execute(
+            "SELECT pg_logical_emit_message(true, $1, $2)",
+            &[&MESSAGE_PREFIX, &content],
+        )
+        .await
+        .map_err(|e| Error::postgres("writing a backfill watermark", e))?;
+    Ok(())
+}
+
+/// An SQL connection whose text output matches the replication stream's.
+pub async fn connect(source: &SourceConfig) -> Result<Client> {
+    let client = crate::source::connect_sql(source).await?;
+    let mut set = String::from("SET standard_conforming_strings = on;");
+    for (name, value) in crate::source::OUTPUT_SETTINGS {
+        set.push_str(&format!("SET {name} = {};", quote_literal(value)));
+    }
+    client
+        .batch_execute(&set)
+        .await
+        .map_err(|e| Error::postgres("preparing the backfill connection", e))?;
+    Ok(client)
+}
+
+/// Refuses servers without logical messages in pgoutput.
+pub async fn check_server(client: &Client) -> Result<()> {
+    let version: i64 = client
+        .query_one("SELECT current_setting('server_version_num')::bigint", &[])
+        .await
+        .map_err(|e| Error::postgres("reading the server version", e))?
+        .get(0);
+    if version < MIN_SERVER_VERSION {
+        return Err(Error::fatal(
+            format!(
+                "backfill needs PostgreSQL 14 or later (this server is {}.{}): its watermarks are logical \
+                 messages, which pgoutput passes on from 14",
+                version / 10000,
+                version % 10000 / 100
+            ),
+            "upgrade the server; or load the existing rows with a one-off COPY into the archive",
+        ));
+    }
+    Ok(())
+}
+
+/// How one table is read: its columns as the stream sees them, and the key
+/// that orders the chunks.
+pub struct TablePlan {
+    pub table: TableName,
+    pub shape: TableShape,
+    /// The schema record members the stream would write for this shape.
+    pub members: String,
+    /// `"a", "b"`: the published columns, in order.
+    select_list: String,
+    /// The key columns: quoted name, SQL type, place in the select list.
+    key: Vec<(String, String, usize)>,
+    /// What the key is, for messages ("primary key", "replica identity index").
+    pub key_kind: &'static str,
+}
+
+struct Attr {
+    name: String,
+    type_oid: u32,
+    type_mod: i32,
+    type_name: String,
+    attnum: i16,
+}
+
+/// Looks the table up and picks its key: the primary key, else the unique
+/// index of REPLICA IDENTITY USING INDEX. Errors name the table and the fix.
+pub async fn plan(catalog: &mut TypeCatalog, table: &TableName) -> Result<TablePlan> {
+    let client = catalog
+        .client()
+        .ok_or_else(|| Error::fatal("backfill needs an SQL connection", "check source.url"))?;
+    let pg = |what: &'static str| move |e| Error::postgres(format!("{what} of {table}"), e);
+    let rel = client
+        .query_opt(
+            "SELECT c.oid, c.relreplident::text FROM pg_class c
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+            &[&table.schema, &table.name],
+        )
+        .await
+        .map_err(pg("looking up the table"))?
+        .ok_or_else(|| {
+            Error::fatal(
+                format!("table {table} does not exist"),
+                "check the name (schema.table) and that the configured user can see it",
+            )
+        })?;
+    let oid: u32 = rel.get(0);
+    let identity: String = rel.get(1);
+    let attrs: Vec<Attr> = client
+        .query(
+            "SELECT attname::text, atttypid, atttypmod, format_type(atttypid, atttypmod), attnum
+             FROM pg_attribute
+             WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = ''
+             ORDER BY attnum",
+            &[&oid],
+        )
+        .await
+        .map_err(pg("reading the columns"))?
+        .iter()
+        .map(|r| Attr {
+            name: r.get(0),
+            type_oid: r.get(1),
+            type_mod: r.get(2),
+            type_name: r.get(3),
+            attnum: r.get(4),
+        })
+        .collect();
+    let index_columns = |which: &'static str| async move {
+        client
+            .query_opt(
+                &format!(
+                    "SELECT indkey::int2[] FROM pg_index WHERE indrelid = $1 AND {which} LIMIT 1"
+                ),
+                &[&oid],
+            )
+            .await
+            .map(|r| r.map(|r| r.get::<_, Vec<i16>>(0)))
+    };
+    let primary = index_columns("indisprimary")
+        .await
+        .map_err(pg("reading the primary key"))?;
+    let identity_index = index_columns("indisreplident")
+        .await
+        .map_err(pg("reading the replica identity"))?;
+    // The columns pgoutput flags as the replica identity key: the row
+    // identity of a change, which the chunk's rows must share.
+    let identity_key: Vec<i16> = match identity.as_str() {
+        "f" => attrs.iter().map(|a| a.attnum).collect(),
+        "i" => identity_index.clone().unwrap_or_default(),
+        "n" => {
+            return Err(Error::fatal(
+                format!(
+                    "table {table} has REPLICA IDENTITY NOTHING, so changes to its rows cannot be matched with the rows a backfill reads"
+                ),
+                format!("ALTER TABLE {} REPLICA IDENTITY DEFAULT;", table.quoted()),
+            ));
+        }
+        _ => primary.clone().unwrap_or_default(),
+    };
+    let (order_key, key_kind) = match (primary, identity_index) {
+        (Some(k), _) => (k, "primary key"),
+        (None, Some(k)) if identity == "i" => (k, "replica identity index"),
+        _ => {
+            return Err(Error::fatal(
+                format!("table {table} has no primary key, so it cannot be read in chunks by key"),
+                format!(
+                    "add a primary key (ALTER TABLE {t} ADD PRIMARY KEY (...);), or make a unique index on NOT NULL columns \
+                     its replica identity (ALTER TABLE {t} REPLICA IDENTITY USING INDEX <index>;), which backfill then uses",
+                    t = table.quoted()
+                ),
+            ));
+        }
+    };
+    let mut key = Vec::with_capacity(order_key.len());
+    for attnum in &order_key {
+        let place = attrs.iter().position(|a| a.attnum == *attnum).ok_or_else(|| {
+            Error::fatal(
+                format!("the key of table {table} includes a generated column, which logical replication does not carry"),
+                "give the table a key over ordinary columns",
+            )
+        })?;
+        let a = &attrs[place];
+        key.push((quote_ident(&a.name), a.type_name.clone(), place));
+    }
+    let mut types = Vec::with_capacity(attrs.len());
+    for a in &attrs {
+        types.push(catalog.resolve(a.type_oid, a.type_mod).await);
+    }
+    let relation = Relation {
+        rel_id: oid,
+        namespace: table.schema.clone(),
+        name: table.name.clone(),
+        replica_identity: identity.as_bytes().first().copied().unwrap_or(b'd'),
+        columns: attrs
+            .iter()
+            .map(|a| Column {
+                flags: u8::from(identity_key.contains(&a.attnum)),
+                name: a.name.clone(),
+                type_oid: a.type_oid,
+                type_modifier: a.type_mod,
+            })
+            .collect(),
+    };
+    let (shape, schema) = TableShape::new(&relation, &types);
+    let select_list = attrs
+        .iter()
+        .map(|a| quote_ident(&a.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok(TablePlan {
+        table: table.clone(),
+        shape,
+        members: schema.members,
+        select_list,
+        key,
+        key_kind,
+    })
+}
+
+/// The size of a table before it is read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimate {
+    pub rows: u64,
+    /// `rows` is a count, not the planner's statistics.
+    pub exact: bool,
+    pub bytes: u64,
+}
+
+/// Tables estimated below this many rows are counted exactly.
+const COUNT_BELOW: f64 = 100_000.0;
+
+/// Rows from the planner's statistics (summed over partitions), counted
+/// exactly when the table is small or was never analyzed; bytes on disk.
+pub async fn estimate(client: &Client, table: &TableName) -> Result<Estimate> {
+    let pg = |what: &'static str| move |e| Error::postgres(format!("{what} of {table}"), e);
+    let row = client
+        .query_one(
+            "SELECT COALESCE(SUM(GREATEST(c.reltuples, 0)), 0)::float8,
+                    bool_or(c.reltuples < 0 OR (c.reltuples = 0 AND c.relpages > 0)),
+                    COALESCE(SUM(pg_total_relation_size(t.relid)), 0)::int8
+             FROM (SELECT relid FROM pg_partition_tree($1::text::regclass) WHERE isleaf
+                   UNION SELECT $1::text::regclass) t
+             JOIN pg_class c ON c.oid = t.relid
+             WHERE c.relkind = 'r'",
+            &[&table.quoted()],
+        )
+        .await
+        .map_err(pg("estimating the size"))?;
+    let stats: f64 = row.get(0);
+    let unknown: Option<bool> = row.get(1);
+    let bytes: i64 = row.get(2);
+    let (rows, exact) = if stats < COUNT_BELOW || unknown.unwrap_or(true) {
+        let n: i64 = client
+            .query_one(&format!("SELECT count(*) FROM {}", table.quoted()), &[])
+            .await
+            .map_err(pg("counting the rows"))?
+            .get(0);
+        (n as u64, true)
+    } else {
+        (stats as u64, false)
+    };
+    Ok(Estimate {
+        rows,
+        exact,
+        bytes: bytes as u64,
+    })
+}
+
+/// Rows read for one chunk.
+pub struct ChunkRows {
+    /// `(row identity hash, data JSON)` in key order.
+    pub rows: Vec<(u64, Vec<u8>)>,
+    /// The key of the last row (a JSON array of text values).
+    pub last_key: Option<String>,
+    /// Fewer rows than asked for came back: the table is done.
+    pub is_last: bool,
+}
+
+/// Reads up to `limit` rows after `after` (a key as [`ChunkRows::last_key`]
+/// gives it), in key order, in one snapshot, rendered as the stream renders
+/// them. Stops early at [`MAX_CHUNK_BYTES`].
+pub async fn read_chunk(
+    client: &Client,
+    plan: &TablePlan,
+    after: Option<&str>,
+    limit: u64,
+) -> Result<ChunkRows> {
+    let table = &plan.table;
+    let mut sql = format!(
+        "DECLARE waltail_backfill NO SCROLL CURSOR FOR SELECT {} FROM {}",
+        plan.select_list,
+        table.quoted()
+    );
+    let key_list = plan
+        .key
+        .iter()
+        .map(|(name, _, _)| name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Some(after) = after {
+        let values: Vec<String> = serde_json::from_str(after).map_err(|e| {
+            Error::fatal(
+                format!("the recorded backfill position of {table} is unreadable: {e}"),
+                "cancel this backfill (`waltail backfill --cancel`) and start it again",
+            )
+        })?;
+        if values.len() != plan.key.len() {
+            return Err(Error::fatal(
+                format!("the key of {table} changed since its backfill started"),
+                "cancel this backfill (`waltail backfill --cancel`) and start it again",
+            ));
+        }
+        let literals = plan
+            .key
+            .iter()
+            .zip(&values)
+            .map(|((_, type_name, _), v)| format!("{}::{type_name}", quote_literal(v)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        sql.push_str(&format!(" WHERE ({key_list}) > ({literals})"));
+    }
+    sql.push_str(&format!(" ORDER BY {key_list} LIMIT {limit}"));
+    let pg = |e| Error::postgres(format!("reading a backfill chunk of {table}"), e);
+    client
+        .batch_execute(&format!(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; {sql}"
+        ))
+        .await
+        .map_err(pg)?;
+    let result = fetch_all(client, plan, limit).await;
+    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    let ended = client.batch_execute(end).await.map_err(pg);
+    let chunk = result?;
+    ended?;
+    Ok(chunk)
+}
+
+async fn fetch_all(client: &Client, plan: &TablePlan, limit: u64) -> Result<ChunkRows> {
+    let pg = |e| Error::postgres(format!("reading a backfill chunk of {}", plan.table), e);
+    let mut rows = Vec::new();
+    let mut bytes = 0usize;
+    let mut last_key = None;
+    let mut fetched = 0u64;
+    loop {
+        let messages = client
+            .simple_query(&format!("FETCH {FETCH_ROWS} FROM waltail_backfill"))
+            .await
+            .map_err(pg)?;
+        let mut got = 0usize;
+        for m in &messages {
+            if let SimpleQueryMessage::Row(row) = m {
+                got += 1;
+                fetched += 1;
+                let (data, hash) = plan.shape.render((0..row.len()).map(|i| row.get(i)));
+                bytes += data.len();
+                rows.push((hash, data));
+                let key: Vec<&str> = plan
+                    .key
+                    .iter()
+                    .map(|(_, _, place)| row.get(*place).unwrap_or_default())
+                    .collect();
+                last_key = Some(serde_json::to_string(&key).expect("strings serialise"));
+            }
+        }
+        if bytes >= MAX_CHUNK_BYTES {
+            // More rows may follow: the next chunk starts after this one.
+            return Ok(ChunkRows {
+                rows,
+                last_key,
+                is_last: false,
+            });
+        }
+        if got < FETCH_ROWS || fetched >= limit {
+            return Ok(ChunkRows {
+                rows,
+                last_key,
+                is_last: fetched < limit,
+            });
+        }
+    }
+}
+
+/// The configured table a name on the command line means.
+pub fn configured_table(tables: &[TableName], arg: &str) -> Result<TableName> {
+    let wanted: TableName = arg.parse().map_err(|e: String| Error::Config(e))?;
+    tables.iter().find(|t| **t == wanted).cloned().ok_or_else(|| {
+        Error::fatal(
+            format!("table {wanted} is not in source.tables, so its changes are not streamed"),
+            "add it to source.tables (the publication follows on the next start), then backfill it",
+        )
+    })
+}
+
+/// For the schema record: the table as the envelope names it.
+pub fn table_ref(schema: &str, table: &str) -> Arc<crate::envelope::TableRef> {
+    Arc::new(crate::envelope::TableRef::new(schema, table))
+}

@@ -1,0 +1,339 @@
+//! Backfill against real Postgres and SeaweedFS with the real binary: rows
+//! that already exist arrive as `read` events while streaming and writes go
+//! on, resume after kill -9, and the archive's replay equals the tables.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const TABLES: [&str; 3] = ["a", "b", "c"];
+
+/// Three tables with three kinds of key: a primary key, a composite primary
+/// key, and no primary key but a unique index as replica identity.
+async fn three_tables(db: &TestDb, rows: i64) {
+    db.exec(&format!(
+        "CREATE TABLE a (id int PRIMARY KEY, v int, note text);
+         CREATE TABLE b (id bigint, k text, v int, note text, PRIMARY KEY (k, id));
+         CREATE TABLE c (id int NOT NULL, v int, note text);
+         CREATE UNIQUE INDEX c_id ON c (id);
+         ALTER TABLE c REPLICA IDENTITY USING INDEX c_id;
+         INSERT INTO a SELECT g, g, 'a' || g FROM generate_series(1, {rows}) g;
+         INSERT INTO b SELECT g, 'k' || g, g, repeat('b', g % 50) FROM generate_series(1, {rows}) g;
+         INSERT INTO c SELECT g, g, NULL FROM generate_series(1, {rows}) g;
+         ANALYZE a, b, c;"
+    ))
+    .await;
+}
+
+/// Writes to random rows of the three tables (updates, deletes, re-inserts
+/// and new rows) in small transactions until `stop`; counts transactions.
+async fn writer(url: String, rows: i64, seed: u64, stop: Arc<AtomicBool>, done: Arc<AtomicU64>) {
+    let db = TestDb::attach(&url).await;
+    let mut rng = fastrand::Rng::with_seed(seed);
+    while !stop.load(Ordering::Relaxed) {
+        let mut sql = String::from("BEGIN;");
+        for _ in 0..rng.usize(1..5) {
+            let t = TABLES[rng.usize(0..3)];
+            let id = rng.i64(1..rows + rows / 10);
+            let key = |id: i64| match t {
+                "b" => format!("k = 'k{id}' AND id = {id}"),
+                _ => format!("id = {id}"),
+            };
+            let values = |id: i64, v: u32| match t {
+                "b" => format!("({id}, 'k{id}', {v}, 'w')"),
+                _ => format!("({id}, {v}, 'w')"),
+            };
+            let conflict = match t {
+                "b" => "(k, id)",
+                _ => "(id)",
+            };
+            match rng.u8(0..4) {
+                0 | 1 => sql.push_str(&format!(
+                    "UPDATE {t} SET v = v + 1, note = 'u{}' WHERE {};",
+                    rng.u32(..),
+                    key(id)
+                )),
+                2 => sql.push_str(&format!("DELETE FROM {t} WHERE {};", key(id))),
+                _ => sql.push_str(&format!(
+                    "INSERT INTO {t} VALUES {} ON CONFLICT {conflict} DO UPDATE SET v = excluded.v;",
+                    values(id, rng.u32(..1000))
+                )),
+            }
+        }
+        sql.push_str("COMMIT;");
+        db.exec(&sql).await;
+        done.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Replaying the archive gives exactly the three tables.
+async fn assert_replay_equals_tables(db: &TestDb, prefix: &str, pipeline: &str) -> Vec<Value> {
+    let mut last = BTreeMap::new();
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(90) {
+        let changes = checked_changes(&s3_objects(prefix).await, Some(prefix), pipeline);
+        let state = replay(&changes);
+        let mut equal = true;
+        for t in TABLES {
+            let rows = db.rows(t).await;
+            let archived = state
+                .get(&format!("public.{t}"))
+                .cloned()
+                .unwrap_or_default();
+            if rows != archived {
+                equal = false;
+                last.insert(
+                    t,
+                    (
+                        rows.len(),
+                        archived.len(),
+                        first_difference(&rows, &archived),
+                    ),
+                );
+            }
+        }
+        if equal {
+            return changes;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("the archive's replay never equalled the tables: {last:?}");
+}
+
+fn first_difference(
+    rows: &BTreeMap<String, Value>,
+    archived: &BTreeMap<String, Value>,
+) -> Option<String> {
+    for (k, v) in rows {
+        if archived.get(k) != Some(v) {
+            return Some(format!("table {k}: {v}, archive: {:?}", archived.get(k)));
+        }
+    }
+    archived
+        .keys()
+        .find(|k| !rows.contains_key(*k))
+        .map(|k| format!("archive has {k}, the table does not"))
+}
+
+/// `read` events per (table, id), as (seq, commit_lsn) pairs.
+fn reads_per_row(changes: &[Value]) -> BTreeMap<(String, String), Vec<(u64, String)>> {
+    let mut reads: BTreeMap<_, Vec<_>> = BTreeMap::new();
+    for c in changes.iter().filter(|c| c["op"] == "read") {
+        reads
+            .entry((c["table"].to_string(), c["data"]["id"].to_string()))
+            .or_default()
+            .push((c["seq"].as_u64().unwrap(), c["commit_lsn"].to_string()));
+    }
+    reads
+}
+
+/// Each row is read once.
+fn assert_read_once(reads: &BTreeMap<(String, String), Vec<(u64, String)>>) {
+    let twice: Vec<_> = reads.iter().filter(|(_, r)| r.len() > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{} rows were read more than once, e.g. {:?}",
+        twice.len(),
+        &twice[..twice.len().min(5)]
+    );
+}
+
+/// A running pipeline does the backfill asked for by another process, while
+/// a writer updates, deletes and inserts rows of every table throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_while_writes_go_on() {
+    const ROWS: i64 = 100_000;
+    let db = TestDb::new("backfill").await;
+    three_tables(&db, ROWS).await;
+    let pipeline = unique("bf").replace('_', "-");
+    let prefix = format!("backfill/{pipeline}");
+    let mut run = Waltail::new(&db, &pipeline, "public.a, public.b, public.c");
+    run.s3(&prefix)
+        .set("WALTAIL_DELIVERY_BATCH_SIZE", "500")
+        .set("WALTAIL_DELIVERY_MAX_IN_FLIGHT", "8");
+    let state_dir = run.dir.path().join("waltail-state");
+    run.start();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let txns = Arc::new(AtomicU64::new(0));
+    let writing = tokio::spawn(writer(
+        db.url.clone(),
+        ROWS,
+        fastrand::u64(..),
+        stop.clone(),
+        txns.clone(),
+    ));
+
+    let mut cli = Waltail::new(&db, &pipeline, "public.a, public.b, public.c");
+    cli.env = run.env.clone();
+    cli.set("WALTAIL_STATE_DIR", state_dir.to_str().unwrap());
+    cli.spawn(&["backfill", "--yes", "--chunk-size", "4000"]);
+    let status = tokio::task::block_in_place(|| cli.wait_exit(Duration::from_secs(600)));
+    let out = cli.log();
+    assert!(status.success(), "backfill failed:\n{out}");
+    assert!(
+        out.contains("pipeline") && out.contains("is running"),
+        "{out}"
+    );
+    for t in TABLES {
+        assert!(out.contains(&format!("public.{t}: done")), "{out}");
+    }
+    // Writes go on a little after the backfill, then stop.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    writing.await.unwrap();
+    let written = txns.load(Ordering::Relaxed);
+    assert!(written > 100, "the writer ran only {written} transactions");
+
+    let changes = assert_replay_equals_tables(&db, &prefix, &pipeline).await;
+    let reads = reads_per_row(&changes);
+    assert!(
+        reads.len() as i64 > 2 * ROWS,
+        "too few rows read: {}",
+        reads.len()
+    );
+    assert_read_once(&reads);
+    run.stop();
+    db.drop_db().await;
+}
+
+/// `waltail backfill` with no pipeline running runs one itself; killed with
+/// -9 in the middle, it resumes from its last chunk, and the archive holds
+/// every row exactly once, with no seq in two objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_resumes_after_kill9() {
+    const ROWS: i64 = 100_000;
+    let db = TestDb::new("bfkill").await;
+    three_tables(&db, ROWS).await;
+    let pipeline = unique("bfkill").replace('_', "-");
+    let prefix = format!("backfill/{pipeline}");
+    let mut w = Waltail::new(&db, &pipeline, "public.a, public.b, public.c");
+    w.s3(&prefix).set("WALTAIL_DELIVERY_BATCH_SIZE", "500");
+
+    for round in 0..2 {
+        w.spawn(&["backfill", "--yes", "--chunk-size", "3000"]);
+        let wanted = 40 + round * 150;
+        eventually(Duration::from_secs(120), "some objects", async || {
+            s3_objects(&prefix).await.len() >= wanted
+        })
+        .await;
+        // Changes while nothing runs come through the slot afterwards.
+        db.exec(&format!(
+            "UPDATE a SET v = -1 WHERE id % 1000 = {round}; DELETE FROM c WHERE id % 997 = {round}"
+        ))
+        .await;
+        tokio::task::block_in_place(|| w.kill9());
+    }
+    w.spawn(&["backfill", "--yes"]);
+    let status = tokio::task::block_in_place(|| w.wait_exit(Duration::from_secs(600)));
+    let out = w.log();
+    assert!(status.success(), "{out}");
+    assert!(out.contains("resuming the backfill"), "{out}");
+
+    let changes = assert_replay_equals_tables(&db, &prefix, &pipeline).await;
+    let reads = reads_per_row(&changes);
+    assert_read_once(&reads);
+    db.drop_db().await;
+}
+
+/// The estimate is shown and confirmed first; without a terminal `--yes`
+/// is required; tables without a usable key, or not configured, are
+/// refused with the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_asks_first_and_refuses_what_it_cannot_do() {
+    let db = TestDb::new("bfask").await;
+    db.exec(
+        "CREATE TABLE small (id int PRIMARY KEY, v text);
+         INSERT INTO small SELECT g, 'v' || g FROM generate_series(1, 1234) g;
+         CREATE TABLE nokey (id int, v text);
+         INSERT INTO nokey VALUES (1, 'x');",
+    )
+    .await;
+    let pipeline = unique("bfask").replace('_', "-");
+    let prefix = format!("backfill/{pipeline}");
+    let mut w = Waltail::new(&db, &pipeline, "public.small, public.nokey");
+    w.s3(&prefix);
+
+    // No terminal, no --yes: refused before anything starts.
+    let (status, stdout, stderr) = w.output(&["backfill", "public.small"]);
+    assert_eq!(status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("--yes"), "{stderr}");
+    assert!(
+        stdout.contains("public.small") && stdout.contains("1,234"),
+        "{stdout}"
+    );
+
+    // On a terminal: the estimate, the question, and "n" starts nothing.
+    let script = |answer: &str| {
+        let mut cmd = std::process::Command::new("script");
+        cmd.args([
+            "-qec",
+            &format!("{} backfill public.small", bin()),
+            "/dev/null",
+        ])
+        .current_dir(w.dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        for (k, v) in &w.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        use std::io::Write;
+        // The answer comes after the question is on the screen.
+        std::thread::sleep(Duration::from_secs(3));
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(format!("{answer}\n").as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (status, out) = tokio::task::block_in_place(|| script("n"));
+    assert!(status.success(), "{out}");
+    assert!(out.contains("1,234") && out.contains("expected"), "{out}");
+    assert!(out.contains("start the backfill? [y/N]"), "{out}");
+    assert!(out.contains("nothing started"), "{out}");
+    assert!(
+        s3_objects(&prefix)
+            .await
+            .iter()
+            .all(|o| !o.key.ends_with(".ndjson"))
+    );
+
+    let (status, out) = tokio::task::block_in_place(|| script("y"));
+    assert!(status.success(), "{out}");
+    assert!(out.contains("public.small: done (1,234 rows read"), "{out}");
+    let changes = checked_changes(&s3_objects(&prefix).await, Some(&prefix), &pipeline);
+    assert_eq!(changes.len(), 1234);
+    assert!(changes.iter().all(|c| c["op"] == "read"));
+    assert_eq!(replay(&changes)["public.small"], db.rows("small").await);
+
+    // A table without a key: the error names it and the two fixes.
+    let (status, stdout, stderr) = w.output(&["backfill", "--yes", "public.nokey"]);
+    assert_eq!(status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("table public.nokey has no primary key"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("ADD PRIMARY KEY") && stderr.contains("REPLICA IDENTITY USING INDEX"),
+        "{stderr}"
+    );
+    // A table outside source.tables.
+    let (status, _, stderr) = w.output(&["backfill", "--yes", "public.other"]);
+    assert_eq!(status.code(), Some(1));
+    assert!(stderr.contains("not in source.tables"), "{stderr}");
+    db.drop_db().await;
+}
