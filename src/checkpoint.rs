@@ -118,15 +118,9 @@ CREATE TABLE IF NOT EXISTS backfill_chunks (
     is_last   INTEGER NOT NULL DEFAULT 0,
     stored    INTEGER NOT NULL DEFAULT 0,
     done      INTEGER NOT NULL DEFAULT 0,
-    hw_end    INTEGER
+    hw_end    INTEGER,
+    body      BLOB
 );
-CREATE TABLE IF NOT EXISTS backfill_rows (
-    chunk INTEGER NOT NULL,
-    ord   INTEGER NOT NULL,
-    hash  INTEGER NOT NULL,
-    data  BLOB NOT NULL,
-    PRIMARY KEY (chunk, ord)
-) WITHOUT ROWID;
 ";
 
 /// Where a parked-table batch stands.
@@ -639,8 +633,9 @@ impl Checkpoint {
             .map_err(self.err())
     }
 
-    /// Stores a chunk's rows `(row hash, data JSON)` in one transaction,
-    /// before its high watermark is written.
+    /// Stores a chunk's rows `(row hash, data JSON)`, before its high
+    /// watermark is written. The rows go in as one blob (see [`chunk_body`]):
+    /// one write per chunk, not one per row.
     pub fn store_chunk(
         &mut self,
         chunk: i64,
@@ -649,31 +644,22 @@ impl Checkpoint {
         is_last: bool,
         members: &str,
     ) -> Result<()> {
-        let path = self.path.display().to_string();
-        let err = |source| Error::State {
-            path: path.clone(),
-            source,
-        };
-        let tx = self.conn.transaction().map_err(err)?;
-        {
-            let mut insert = tx
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO backfill_rows (chunk, ord, hash, data) VALUES (?1, ?2, ?3, ?4)",
-                )
-                .map_err(err)?;
-            for (ord, (hash, data)) in rows.iter().enumerate() {
-                insert
-                    .execute(params![chunk, ord as i64, *hash as i64, data])
-                    .map_err(err)?;
-            }
-        }
-        tx.execute(
-            "UPDATE backfill_chunks SET stored = 1, rows = ?2, last_key = ?3, is_last = ?4, members = ?5
-             WHERE id = ?1",
-            params![chunk, rows.len() as i64, last_key, is_last, members],
-        )
-        .map_err(err)?;
-        tx.commit().map_err(err)
+        self.conn
+            .execute(
+                "UPDATE backfill_chunks SET stored = 1, rows = ?2, last_key = ?3, is_last = ?4,
+                     members = ?5, body = ?6
+                 WHERE id = ?1",
+                params![
+                    chunk,
+                    rows.len() as i64,
+                    last_key,
+                    is_last,
+                    members,
+                    chunk_body(rows)
+                ],
+            )
+            .map(|_| ())
+            .map_err(self.err())
     }
 
     pub fn chunk(&self, chunk: i64) -> Result<Option<Chunk>> {
@@ -698,22 +684,28 @@ impl Checkpoint {
             .map_err(self.err())
     }
 
-    /// A stored chunk's rows `(place in chunk, row hash, data JSON)`, in key order.
-    pub fn chunk_rows(&self, chunk: i64) -> Result<Vec<(u32, u64, Vec<u8>)>> {
-        let mut stmt = self
+    /// A stored chunk's rows `(row hash, data JSON)`, in key order (empty
+    /// once forgotten).
+    pub fn chunk_rows(&self, chunk: i64) -> Result<Vec<(u64, Vec<u8>)>> {
+        let body: Option<Vec<u8>> = self
             .conn
-            .prepare("SELECT ord, hash, data FROM backfill_rows WHERE chunk = ?1 ORDER BY ord")
-            .map_err(self.err())?;
-        let rows = stmt
-            .query_map([chunk], |r| {
-                Ok((
-                    r.get::<_, i64>(0)? as u32,
-                    r.get::<_, i64>(1)? as u64,
-                    r.get(2)?,
-                ))
-            })
-            .map_err(self.err())?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(self.err())
+            .query_row(
+                "SELECT body FROM backfill_chunks WHERE id = ?1",
+                [chunk],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(self.err())?
+            .flatten();
+        chunk_rows_of(body.as_deref().unwrap_or_default()).ok_or_else(|| {
+            Error::fatal(
+                format!(
+                    "backfill chunk {chunk} in {} is damaged",
+                    self.path.display()
+                ),
+                "cancel the backfill (`waltail backfill --cancel`) and start it again",
+            )
+        })
     }
 
     /// Records that a chunk's rows were handed to the pipeline (`sent` of
@@ -757,13 +749,37 @@ impl Checkpoint {
     pub fn forget_chunks(&mut self, confirmed_lsn: u64) -> Result<()> {
         self.conn
             .execute(
-                "DELETE FROM backfill_rows WHERE chunk <= (
+                "UPDATE backfill_chunks SET body = NULL WHERE body IS NOT NULL AND id <= (
                      SELECT COALESCE(MAX(id), 0) FROM backfill_chunks WHERE done = 1 AND hw_end <= ?1)",
                 [confirmed_lsn as i64],
             )
             .map(|_| ())
             .map_err(self.err())
     }
+}
+
+/// A chunk's rows as one blob: per row, the row hash (8 bytes LE), the
+/// data's length (4 bytes LE) and the data.
+fn chunk_body(rows: &[(u64, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(rows.iter().map(|(_, d)| d.len() + 12).sum());
+    for (hash, data) in rows {
+        out.extend_from_slice(&hash.to_le_bytes());
+        out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        out.extend_from_slice(data);
+    }
+    out
+}
+
+/// The rows of [`chunk_body`]; `None` if the blob is cut short.
+fn chunk_rows_of(mut body: &[u8]) -> Option<Vec<(u64, Vec<u8>)>> {
+    let mut rows = Vec::new();
+    while !body.is_empty() {
+        let hash = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
+        let len = u32::from_le_bytes(body.get(8..12)?.try_into().ok()?) as usize;
+        rows.push((hash, body.get(12..12 + len)?.to_vec()));
+        body = &body[12 + len..];
+    }
+    Some(rows)
 }
 
 /// A progress sample: at `at` (Unix seconds) the next seq was `next_seq`
@@ -869,6 +885,53 @@ fn create_private_dir(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backfill_chunks_complete_once_and_are_forgotten_when_confirmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cp = Checkpoint::open(&dir.path().join("s.sqlite")).unwrap();
+        let id = cp.request_backfill("public", "t", 2, 3).unwrap();
+        let rows = vec![(7u64, b"{\"id\":1}".to_vec()), (u64::MAX, Vec::new())];
+        let c1 = cp.new_chunk(id).unwrap();
+        assert_eq!(cp.unfinished_chunk(id).unwrap(), Some(c1));
+        cp.store_chunk(c1, &rows, Some(r#"["2"]"#), false, "m")
+            .unwrap();
+        assert_eq!(cp.chunk_rows(c1).unwrap(), rows);
+        let chunk = cp.chunk(c1).unwrap().unwrap();
+        assert!(chunk.stored && !chunk.done);
+        assert_eq!(
+            (chunk.schema.as_str(), chunk.table.as_str()),
+            ("public", "t")
+        );
+        // Seen again after a restart: counted once.
+        cp.complete_chunk(c1, 100, 1).unwrap();
+        cp.complete_chunk(c1, 100, 1).unwrap();
+        let b = cp.backfill(id).unwrap().unwrap();
+        assert_eq!(
+            (b.rows_read, b.rows_sent, b.status.as_str()),
+            (2, 1, "pending")
+        );
+        assert_eq!(b.last_key.as_deref(), Some(r#"["2"]"#));
+        assert_eq!(cp.unfinished_chunk(id).unwrap(), None);
+        let c2 = cp.new_chunk(id).unwrap();
+        cp.store_chunk(c2, &rows[..1], Some(r#"["3"]"#), true, "m")
+            .unwrap();
+        cp.complete_chunk(c2, 200, 1).unwrap();
+        assert_eq!(cp.backfill(id).unwrap().unwrap().status, "done");
+        // Rows stay until their high watermark is confirmed.
+        cp.forget_chunks(150).unwrap();
+        assert!(cp.chunk_rows(c1).unwrap().is_empty());
+        assert_eq!(cp.chunk_rows(c2).unwrap().len(), 1);
+        cp.forget_chunks(200).unwrap();
+        assert!(cp.chunk_rows(c2).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_cut_chunk_body_is_refused() {
+        let body = chunk_body(&[(1, b"abc".to_vec())]);
+        assert!(chunk_rows_of(&body[..body.len() - 1]).is_none());
+        assert_eq!(chunk_rows_of(&body).unwrap(), vec![(1, b"abc".to_vec())]);
+    }
 
     #[test]
     fn cursor_and_intents_survive_reopen() {

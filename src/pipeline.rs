@@ -815,7 +815,7 @@ impl Pipeline<'_> {
                 let rows = self.checkpoint.chunk_rows(chunk.id)?;
                 let skip: Vec<bool> = rows
                     .iter()
-                    .map(|(_, hash, _)| w.truncated || w.changed.contains(hash))
+                    .map(|(hash, _)| w.truncated || w.changed.contains(hash))
                     .collect();
                 if let Some(members) = &chunk.members {
                     self.schema(SchemaRecord {
@@ -825,7 +825,7 @@ impl Pipeline<'_> {
                     .await?;
                 }
                 let mut sent = 0;
-                for ((ord, hash, data), skip) in rows.into_iter().zip(skip) {
+                for (ord, ((hash, data), skip)) in rows.into_iter().zip(skip).enumerate() {
                     if skip {
                         continue;
                     }
@@ -837,7 +837,7 @@ impl Pipeline<'_> {
                         old: None,
                         commit_lsn,
                         commit_ts,
-                        index: ord,
+                        index: ord as u32,
                         rows: envelope::RowSet::one(hash),
                     })?;
                 }

@@ -1,6 +1,7 @@
 //! `waltail status`: where the pipeline stands, from its local state and
 //! from Postgres: confirmed position, next seq, last object, recent rate,
-//! parked batches, the slot and how far it lags behind the server's WAL.
+//! parked batches, backfills, the slot and how far it lags behind the
+//! server's WAL.
 //! Read-only; works while `waltail run` is running.
 
 use std::process::ExitCode;
@@ -47,6 +48,18 @@ pub async fn status(config: &Config, json: bool) -> Result<ExitCode> {
             .then(|| (last.next_seq - first.next_seq) as f64 / (last.at - first.at) as f64)
     });
     let slot = slot_status(config).await;
+    // Backfills in progress, and the last few finished ones.
+    let all = cp.backfills()?;
+    let finished: Vec<i64> = all
+        .iter()
+        .filter(|b| !b.is_active())
+        .map(|b| b.id)
+        .collect();
+    let recent = &finished[finished.len().saturating_sub(5)..];
+    let backfills: Vec<_> = all
+        .iter()
+        .filter(|b| b.is_active() || recent.contains(&b.id))
+        .collect();
 
     let report = json!({
         "pipeline": config.pipeline,
@@ -59,6 +72,16 @@ pub async fn status(config: &Config, json: bool) -> Result<ExitCode> {
         "changes_per_s": rate,
         "parked": parked.len() - held,
         "held": held,
+        "backfills": backfills.iter().map(|b| json!({
+            "table": format!("{}.{}", b.schema, b.table),
+            "status": b.status,
+            "rows_read": b.rows_read,
+            "rows_sent": b.rows_sent,
+            "estimate": b.estimate,
+            "requested_at": b.requested_at,
+            "finished_at": b.finished_at,
+            "error": b.error,
+        })).collect::<Vec<_>>(),
         "slot": slot,
     });
     if json {
@@ -97,6 +120,24 @@ pub async fn status(config: &Config, json: bool) -> Result<ExitCode> {
             "  (see `waltail parked list`)"
         }
     );
+    for b in &backfills {
+        let share = match b.estimate {
+            0 => String::new(),
+            n => format!(" ({:.0}%)", 100.0 * b.rows_read as f64 / n as f64),
+        };
+        println!(
+            "backfill     {}.{}: {}, {} of ~{} rows{share}{}",
+            b.schema,
+            b.table,
+            b.status,
+            b.rows_read,
+            b.estimate,
+            b.error
+                .as_deref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        );
+    }
     print_slot(&config.source.slot, &report["slot"]);
     Ok(ExitCode::SUCCESS)
 }

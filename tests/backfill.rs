@@ -319,6 +319,18 @@ async fn backfill_asks_first_and_refuses_what_it_cannot_do() {
     assert_eq!(changes.len(), 1234);
     assert!(changes.iter().all(|c| c["op"] == "read"));
     assert_eq!(replay(&changes)["public.small"], db.rows("small").await);
+    let (_, json, _) = w.output(&["status", "--json"]);
+    let status: Value = serde_json::from_str(&json).unwrap();
+    let backfill = &status["backfills"][0];
+    assert_eq!(backfill["table"], "public.small", "{status}");
+    assert_eq!(backfill["status"], "done", "{status}");
+    assert_eq!(backfill["rows_read"], 1234, "{status}");
+    assert_eq!(backfill["estimate"], 1234, "{status}");
+    let (_, text, _) = w.output(&["status"]);
+    assert!(
+        text.contains("backfill     public.small: done, 1234 of ~1234 rows (100%)"),
+        "{text}"
+    );
 
     // A table without a key: the error names it and the two fixes.
     let (status, stdout, stderr) = w.output(&["backfill", "--yes", "public.nokey"]);

@@ -128,6 +128,11 @@ fn fail_unless_retry(state: &mut Checkpoint, backfill: &Backfill, e: Error) -> R
     state.set_backfill_status(backfill.id, "failed", Some(&message))
 }
 
+/// Chunks read, stored and watermarked ahead of the pipeline: reading the
+/// next chunk overlaps with archiving the last one. Their rows wait in the
+/// local state, not in memory.
+const LOOKAHEAD: usize = 2;
+
 /// Reads, stores and hands over chunks until the table is done or the
 /// backfill is cancelled.
 async fn chunks(
@@ -138,33 +143,37 @@ async fn chunks(
     id: i64,
     completed: &mut watch::Receiver<i64>,
 ) -> Result<()> {
-    // A chunk left by a previous run may have its high watermark still on
-    // the way through the stream: were it read again now, its rows would be
-    // emitted twice. An abort marker after it lets the pipeline pass it
-    // (completing it if its high watermark came) before going on.
+    // Chunks left by a previous run may have their high watermarks still on
+    // the way through the stream: were they read again now, their rows
+    // would be emitted twice. An abort marker after them lets the pipeline
+    // pass them (completing those whose high watermark came) before going on.
     if let Some(chunk) = state.unfinished_chunk(id)? {
         emit(client, &config.pipeline, chunk, Mark::Abort).await?;
         if completed.wait_for(|c| *c >= chunk).await.is_err() {
             return Ok(());
         }
     }
+    let Some(backfill) = state.backfill(id)? else {
+        return Ok(());
+    };
+    let mut after = backfill.last_key;
+    let mut ahead = std::collections::VecDeque::new();
     loop {
-        let Some(backfill) = state.backfill(id)? else {
-            return Ok(());
-        };
-        if !backfill.is_active() {
-            return Ok(());
+        if !state.backfill(id)?.is_some_and(|b| b.is_active()) {
+            return Ok(()); // cancelled
+        }
+        while ahead.len() >= LOOKAHEAD {
+            let oldest = ahead.pop_front().expect("not empty");
+            if completed.wait_for(|c| *c >= oldest).await.is_err() {
+                // The pipeline is gone; the next start resumes from the state.
+                return Ok(());
+            }
         }
         let chunk = state.new_chunk(id)?;
+        let started = std::time::Instant::now();
         emit(client, &config.pipeline, chunk, Mark::Low).await?;
         let read = async {
-            let rows = read_chunk(
-                client,
-                plan,
-                backfill.last_key.as_deref(),
-                backfill.chunk_size,
-            )
-            .await?;
+            let rows = read_chunk(client, plan, after.as_deref(), backfill.chunk_size).await?;
             state.store_chunk(
                 chunk,
                 &rows.rows,
@@ -172,11 +181,11 @@ async fn chunks(
                 rows.is_last,
                 &plan.members,
             )?;
-            Ok::<_, Error>(rows.is_last)
+            Ok::<_, Error>(rows)
         }
         .await;
-        let is_last = match read {
-            Ok(last) => last,
+        let rows = match read {
+            Ok(rows) => rows,
             Err(e) => {
                 // Closes the window now rather than at the next chunk, so
                 // the slot is not held at the low watermark meanwhile.
@@ -185,12 +194,15 @@ async fn chunks(
             }
         };
         emit(client, &config.pipeline, chunk, Mark::High).await?;
-        if completed.wait_for(|c| *c >= chunk).await.is_err() {
-            // The pipeline is gone; the next start resumes from the state.
+        tracing::debug!(chunk, rows = rows.rows.len(), took = ?started.elapsed(), "backfill chunk read and stored");
+        ahead.push_back(chunk);
+        if rows.is_last {
+            // Done once the pipeline has passed the last chunk.
+            let _ = completed.wait_for(|c| *c >= chunk).await;
             return Ok(());
         }
-        if is_last {
-            return Ok(());
+        if rows.last_key.is_some() {
+            after = rows.last_key;
         }
     }
 }
