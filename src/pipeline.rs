@@ -37,7 +37,7 @@ use crate::source::pgoutput::format_lsn;
 use crate::source::replication::{FeedbackSender, ReplicationConnection};
 use crate::source::stream::{self, Decoder, SchemaRecord, SourceEvent};
 use crate::source::{self, setup};
-use crate::telemetry::METRICS;
+use crate::telemetry::{LagWatch, METRICS};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -308,6 +308,7 @@ async fn session(
         waiting: VecDeque::new(),
         confirm: confirm_tx,
         stats: Stats::default(),
+        lag: LagWatch::new(config.slot_lag_warn_bytes, &config.source.slot),
     };
     pipeline.release()?;
     let ended = pipeline.run(rx, shutdown).await;
@@ -515,6 +516,8 @@ struct Pipeline<'a> {
     waiting: VecDeque<Batch>,
     confirm: watch::Sender<u64>,
     stats: Stats,
+    /// Warns when the slot lag passes `telemetry.slot_lag_warn_bytes`.
+    lag: LagWatch,
 }
 
 impl Pipeline<'_> {
@@ -631,10 +634,14 @@ impl Pipeline<'_> {
                 self.advance();
             }
             SourceEvent::Keepalive { wal_end } => {
-                METRICS.slot_lag_bytes.store(
-                    wal_end.saturating_sub(self.cursor.confirmed_lsn) as i64,
-                    Relaxed,
-                );
+                // Before its first confirmation a new pipeline's cursor is
+                // 0, not the slot's start: measured from it, the lag would be
+                // the server's whole WAL history.
+                if self.cursor.confirmed_lsn > 0 {
+                    let lag = wal_end.saturating_sub(self.cursor.confirmed_lsn);
+                    METRICS.slot_lag_bytes.store(lag as i64, Relaxed);
+                    self.lag.observe(lag);
+                }
                 let idle = !self.open_txn
                     && self.txns.is_empty()
                     && self.batcher.is_empty()

@@ -30,7 +30,7 @@ pub fn init_logging(format: LogFormat) {
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -234,5 +234,123 @@ pub async fn serve(listener: tokio::net::TcpListener) {
                 .serve_connection(io, hyper::service::service_fn(answer))
                 .await;
         });
+    }
+}
+
+// ---- slot lag warning ----
+
+/// While the lag stays over the threshold the warning is repeated this often:
+/// a standing reminder in the log, not a line per keepalive.
+pub const LAG_WARN_REPEAT: Duration = Duration::from_secs(300);
+
+/// Warns when the slot lag passes `telemetry.slot_lag_warn_bytes`, again at
+/// most every [`LAG_WARN_REPEAT`] while it stays over, and says when it is
+/// back under. Fed by the pipeline on every keepalive.
+#[derive(Debug)]
+pub struct LagWatch {
+    threshold: u64,
+    slot: String,
+    /// When the lag went over, while it is over.
+    over_since: Option<Instant>,
+    warned_at: Option<Instant>,
+}
+
+/// What [`LagWatch::check`] decided to say.
+#[derive(Debug, PartialEq, Eq)]
+enum LagNotice {
+    /// Over the threshold, for this long so far.
+    Over(Duration),
+    /// Back under after this long over.
+    Back(Duration),
+}
+
+impl LagWatch {
+    /// A watch on `slot`; `threshold` 0 never warns.
+    pub fn new(threshold: u64, slot: &str) -> LagWatch {
+        LagWatch {
+            threshold,
+            slot: slot.to_string(),
+            over_since: None,
+            warned_at: None,
+        }
+    }
+
+    /// Takes the lag measured now and logs what needs saying.
+    pub fn observe(&mut self, lag_bytes: u64) {
+        match self.check(lag_bytes, Instant::now()) {
+            Some(LagNotice::Over(over_for)) => tracing::warn!(
+                slot = %self.slot,
+                lag_bytes,
+                threshold_bytes = self.threshold,
+                over_for = ?over_for,
+                "replication slot lag is over telemetry.slot_lag_warn_bytes: Postgres keeps this WAL \
+                 until waltail confirms it. Look for a slow or failing destination (PUT retries, \
+                 parked batches) or a long transaction; `waltail status` shows the lag"
+            ),
+            Some(LagNotice::Back(over_for)) => tracing::info!(
+                slot = %self.slot,
+                lag_bytes,
+                threshold_bytes = self.threshold,
+                over_for = ?over_for,
+                "replication slot lag is back under telemetry.slot_lag_warn_bytes"
+            ),
+            None => {}
+        }
+    }
+
+    fn check(&mut self, lag_bytes: u64, now: Instant) -> Option<LagNotice> {
+        if self.threshold == 0 {
+            return None;
+        }
+        if lag_bytes > self.threshold {
+            let since = *self.over_since.get_or_insert(now);
+            if self
+                .warned_at
+                .is_some_and(|t| now.duration_since(t) < LAG_WARN_REPEAT)
+            {
+                return None;
+            }
+            self.warned_at = Some(now);
+            return Some(LagNotice::Over(now.duration_since(since)));
+        }
+        let since = self.over_since.take()?;
+        self.warned_at = None;
+        Some(LagNotice::Back(now.duration_since(since)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_warning_once_then_every_few_minutes_then_back_under() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut w = LagWatch::new(1000, "s");
+        assert_eq!(w.check(1000, at(0)), None, "at the threshold is not over");
+        assert_eq!(w.check(1001, at(1)), Some(LagNotice::Over(Duration::ZERO)));
+        assert_eq!(w.check(5000, at(2)), None);
+        assert_eq!(w.check(5000, at(300)), None);
+        assert_eq!(
+            w.check(5000, at(301)),
+            Some(LagNotice::Over(Duration::from_secs(300)))
+        );
+        assert_eq!(
+            w.check(10, at(310)),
+            Some(LagNotice::Back(Duration::from_secs(309)))
+        );
+        assert_eq!(w.check(10, at(311)), None);
+        // Over again: a fresh warning at once.
+        assert_eq!(
+            w.check(2000, at(312)),
+            Some(LagNotice::Over(Duration::ZERO))
+        );
+    }
+
+    #[test]
+    fn lag_warning_off_at_zero() {
+        let mut w = LagWatch::new(0, "s");
+        assert_eq!(w.check(u64::MAX, Instant::now()), None);
     }
 }
