@@ -28,6 +28,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::batch::{Batch, Batcher, Cut};
 use crate::checkpoint::{self, Checkpoint, Cursor, ParkStatus, Parked, Progress};
 use crate::config::{Config, quote_ident};
+use crate::console::{Fate, JOURNAL};
 use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
 use crate::envelope;
 use crate::error::Disposition;
@@ -616,6 +617,7 @@ impl Pipeline<'_> {
                 METRICS.changes_received.fetch_add(1, Relaxed);
                 let seq = self.next_seq;
                 self.next_seq += 1;
+                JOURNAL.captured(seq, &change);
                 match self.batcher.push(seq, &change) {
                     None => {}
                     Some(Cut::Ready(batch)) => self.enqueue(batch)?,
@@ -623,6 +625,7 @@ impl Pipeline<'_> {
                         first_seq,
                         last_seq,
                     }) => {
+                        JOURNAL.settled(first_seq, last_seq, Fate::ArchivedBefore, None);
                         self.frontier.mark(first_seq, last_seq);
                         self.advance();
                     }
@@ -769,6 +772,11 @@ impl Pipeline<'_> {
             parked_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         })?;
         self.data_version = self.checkpoint.data_version()?;
+        let fate = match status {
+            ParkStatus::Held => Fate::Held,
+            _ => Fate::Parked,
+        };
+        JOURNAL.settled(batch.first_seq, batch.last_seq, fate, Some(&batch.key));
         if !batch.from_parked {
             match status {
                 ParkStatus::Held => METRICS.held_batches.fetch_add(1, Relaxed),
@@ -813,6 +821,12 @@ impl Pipeline<'_> {
         METRICS.changes_archived.fetch_add(n, Relaxed);
         METRICS.objects_written.fetch_add(1, Relaxed);
         METRICS.bytes_written.fetch_add(bytes as u64, Relaxed);
+        JOURNAL.settled(
+            batch.first_seq,
+            batch.last_seq,
+            Fate::Delivered,
+            Some(&batch.key),
+        );
         if !batch.from_parked {
             let committed = layout::pg_time(batch.commit_ts);
             if let Ok(age) = (chrono::Utc::now() - committed).to_std() {

@@ -1,6 +1,9 @@
-//! Logging through `tracing`: human-readable on stderr by default, JSON lines
-//! with `--log-format json`. The filter comes from `WALTAIL_LOG` (e.g.
-//! `debug`, `waltail=debug`), default `info`.
+//! What an operator sees of a running pipeline: logs through `tracing`
+//! (human-readable on stderr by default, JSON lines with `--log-format json`;
+//! the filter comes from `WALTAIL_LOG`, e.g. `debug`, `waltail=debug`,
+//! default `info`), the process's metrics, the slot-lag warning, and the
+//! HTTP server on `telemetry.listen` (`/metrics`, `/healthz`, `/readyz`, and
+//! the console, see [`crate::console`]).
 
 use tracing_subscriber::EnvFilter;
 
@@ -29,12 +32,16 @@ pub fn init_logging(format: LogFormat) {
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
+
+use crate::console::Console;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const BUCKETS: [f64; 13] = [
@@ -194,7 +201,12 @@ impl Metrics {
     }
 }
 
-async fn answer(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+/// Answers the probes and metrics here; everything else is the console's.
+async fn answer(
+    req: Request<hyper::body::Incoming>,
+    console: &Console,
+    peer: SocketAddr,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let (status, body) = match req.uri().path() {
         "/metrics" => (StatusCode::OK, METRICS.render()),
         "/healthz" => (StatusCode::OK, "ok\n".to_string()),
@@ -203,10 +215,7 @@ async fn answer(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Byt
             StatusCode::SERVICE_UNAVAILABLE,
             "not streaming\n".to_string(),
         ),
-        _ => (
-            StatusCode::NOT_FOUND,
-            "try /metrics, /healthz or /readyz\n".to_string(),
-        ),
+        _ => return Ok(console.answer(req, peer).await),
     };
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
@@ -222,16 +231,23 @@ async fn answer(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Byt
     Ok(resp)
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener) {
+/// Serves `/metrics`, `/healthz`, `/readyz` and the console on `listener`
+/// until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, console: Console) {
+    let console = Arc::new(console);
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             continue;
         };
+        let console = console.clone();
         tokio::spawn(async move {
             let io = hyper_util::rt::TokioIo::new(stream);
+            let service = hyper::service::service_fn(move |req| {
+                let console = console.clone();
+                async move { answer(req, &console, peer).await }
+            });
             let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, hyper::service::service_fn(answer))
+                .serve_connection(io, service)
                 .await;
         });
     }
