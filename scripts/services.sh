@@ -4,6 +4,8 @@
 #   - PostgreSQL with wal_level=logical          (port 55440)
 #   - PostgreSQL with wal_level=replica          (port 55441; for check's failure tests)
 #   - SeaweedFS S3 with an admin and a PutObject-only identity (port 8333)
+#   - a headless-capable Chromium for the console test (installed if missing,
+#     see chromium.sh; `down` leaves it installed)
 # Usage: eval "$(scripts/services.sh up)"; ...; scripts/services.sh down
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -13,6 +15,12 @@ case "${1:-}" in
     pg=$(PG_ROOT=$base/waltail-pg PG_PORT=55440 "$here/pg-start.sh")
     pg_replica=$(PG_ROOT=$base/waltail-pg-replica PG_PORT=55441 PG_WAL_LEVEL=replica "$here/pg-start.sh")
     S3_ROOT=$base/waltail-s3 "$here/s3-start.sh" >&2
+    # Without a browser the other tests can still run; the console test then
+    # fails and says why (it is never skipped).
+    chromium=$("$here/chromium.sh") || {
+      echo "warning: no Chromium: the console test (tests/console.rs) will fail" >&2
+      chromium=
+    }
     cat <<ENV
 export WT_TEST_PG='$pg'
 export WT_TEST_PG_REPLICA='$pg_replica'
@@ -23,6 +31,7 @@ export WT_TEST_S3_SECRET='waltail-test-secret'
 export WT_TEST_S3_PUT_KEY='waltail-put-only-key'
 export WT_TEST_S3_PUT_SECRET='waltail-put-only-secret'
 export WT_TEST_S3_ROOT='$base/waltail-s3'
+export WT_TEST_CHROMIUM='$chromium'
 ENV
     ;;
   down)

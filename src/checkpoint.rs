@@ -835,6 +835,22 @@ impl Checkpoint {
     }
 }
 
+impl Checkpoint {
+    /// Like [`Checkpoint::parked`], without the batches' bytes and rows (left
+    /// empty): for listings polled often, such as the console's.
+    pub fn parked_listing(&self) -> Result<Vec<Parked>> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT first_seq, last_seq, key, X'', X'', tables, status, attempts, last_error, parked_at
+                 FROM parked ORDER BY first_seq",
+            )
+            .map_err(self.err())?;
+        let rows = stmt.query_map([], parked_row).map_err(self.err())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.err())
+    }
+}
+
 /// The batches of `parked` (seq order) that may be delivered now: replay
 /// requests, and held batches none of whose rows belongs to a batch still
 /// parked or being replayed, or to an earlier held batch that must still
@@ -1020,6 +1036,23 @@ mod tests {
             parked(51, &[4], ParkStatus::Held),
         ];
         assert_eq!(releasable(&all), vec![11, 51]);
+    }
+
+    #[test]
+    fn parked_listing_leaves_out_the_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cp = Checkpoint::open(&dir.path().join("p.sqlite")).unwrap();
+        cp.park(&parked(1, &[7], ParkStatus::Parked)).unwrap();
+        cp.park(&parked(11, &[7], ParkStatus::Held)).unwrap();
+        let listed = cp.parked_listing().unwrap();
+        assert_eq!(listed.len(), 2);
+        assert_eq!((listed[0].key.as_str(), listed[0].attempts), ("k1", 5));
+        assert_eq!(listed[1].status, ParkStatus::Held);
+        assert!(
+            listed
+                .iter()
+                .all(|p| p.body.is_empty() && p.rows.is_empty())
+        );
     }
 
     #[test]

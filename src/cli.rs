@@ -243,8 +243,11 @@ async fn serve_telemetry(config: &Config) -> Result<()> {
                 "choose a free address in telemetry.listen (WALTAIL_TELEMETRY_LISTEN), or remove it",
             )
         })?;
-        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-        tokio::spawn(crate::telemetry::serve(listener));
+        // The address bound, not the one asked for: port 0 picks a free one.
+        let addr = listener.local_addr().unwrap_or(addr);
+        tracing::info!(%addr, "serving the console at http://{addr}/, and /metrics, /healthz and /readyz");
+        let console = crate::console::Console::new(config, addr);
+        tokio::spawn(crate::telemetry::serve(listener, console));
     }
     Ok(())
 }

@@ -39,6 +39,11 @@ pub const DEFAULT_BACKOFF: [Duration; 4] = [
 /// enough that a hung connection does not stall a batch for minutes.
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 30_000;
 /// Where the archive goes when no `[destination]` is configured.
+/// Slot lag (WAL the server holds for us past the confirmed position) above
+/// which `run` warns: 1 GiB is far above what a healthy pipeline lags (a few
+/// MB between confirmations), and low enough to be noticed hours before a
+/// busy server's disk or `max_slot_wal_keep_size` is at risk. 0 turns it off.
+pub const DEFAULT_SLOT_LAG_WARN_BYTES: u64 = 1 << 30;
 pub const DEFAULT_ARCHIVE_DIR: &str = "./waltail-archive";
 pub const DEFAULT_STATE_DIR: &str = "./waltail-state";
 pub const DEFAULT_PIPELINE: &str = "waltail";
@@ -52,8 +57,12 @@ pub struct Config {
     pub source: SourceConfig,
     pub destination: DestinationConfig,
     pub delivery: DeliveryConfig,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served; off when `None`.
+    /// Where the console, `/metrics`, `/healthz` and `/readyz` are served;
+    /// off when `None`.
     pub telemetry_listen: Option<std::net::SocketAddr>,
+    /// `telemetry.slot_lag_warn_bytes`: slot lag that makes `run` warn and
+    /// `status` and the console flag it; 0 = never.
+    pub slot_lag_warn_bytes: u64,
 }
 
 #[derive(Clone)]
@@ -303,10 +312,11 @@ struct RawConfig {
     telemetry: Option<RawTelemetry>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawTelemetry {
     listen: Option<String>,
+    slot_lag_warn_bytes: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -381,6 +391,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("delivery", "backoff", Kind::List),
     ("delivery", "request_timeout_ms", Kind::Int),
     ("telemetry", "listen", Kind::Str),
+    ("telemetry", "slot_lag_warn_bytes", Kind::Int),
 ];
 
 /// `WALTAIL_*` variables that are not configuration keys.
@@ -764,7 +775,8 @@ fn validate(raw: RawConfig) -> Result<Config> {
         }
     };
 
-    let telemetry_listen = match raw.telemetry.and_then(|t| t.listen) {
+    let telemetry = raw.telemetry.unwrap_or_default();
+    let telemetry_listen = match telemetry.listen {
         None => None,
         Some(s) if s.is_empty() => None,
         Some(s) => Some(s.parse().map_err(|_| {
@@ -773,8 +785,18 @@ fn validate(raw: RawConfig) -> Result<Config> {
             ))
         })?),
     };
+    let slot_lag_warn_bytes = match telemetry.slot_lag_warn_bytes {
+        None => DEFAULT_SLOT_LAG_WARN_BYTES,
+        Some(n) if n >= 0 => n as u64,
+        Some(n) => {
+            return Err(Error::config(format!(
+                "telemetry.slot_lag_warn_bytes = {n}: bytes of WAL, e.g. 1073741824 for 1 GiB; 0 turns the warning off"
+            )));
+        }
+    };
     Ok(Config {
         telemetry_listen,
+        slot_lag_warn_bytes,
         pipeline,
         state_dir,
         source: SourceConfig {
@@ -988,6 +1010,27 @@ mod tests {
         assert!(
             matches!(c.destination, DestinationConfig::File { ref path, .. } if path == Path::new("./waltail-archive"))
         );
+    }
+
+    #[test]
+    fn slot_lag_warning_defaults_to_a_gib_and_can_be_set_or_turned_off() {
+        assert_eq!(load(MINIMAL, &[]).unwrap().slot_lag_warn_bytes, 1 << 30);
+        let c = load(
+            &format!("{MINIMAL}\n[telemetry]\nslot_lag_warn_bytes = 0\n"),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.slot_lag_warn_bytes, 0);
+        let c = load(
+            MINIMAL,
+            &[("WALTAIL_TELEMETRY_SLOT_LAG_WARN_BYTES", "65536")],
+        )
+        .unwrap();
+        assert_eq!(c.slot_lag_warn_bytes, 65536);
+        let err = load(MINIMAL, &[("WALTAIL_TELEMETRY_SLOT_LAG_WARN_BYTES", "-1")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("telemetry.slot_lag_warn_bytes"), "{err}");
     }
 
     #[test]

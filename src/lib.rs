@@ -19,6 +19,7 @@ pub mod batch;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod delivery;
 pub mod envelope;
 pub mod error;

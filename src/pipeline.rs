@@ -28,6 +28,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::batch::{Batch, Batcher, Cut};
 use crate::checkpoint::{self, Checkpoint, Cursor, ParkStatus, Parked, Progress};
 use crate::config::{Config, quote_ident};
+use crate::console::{Fate, JOURNAL};
 use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
 use crate::envelope;
 use crate::error::Disposition;
@@ -38,7 +39,7 @@ use crate::source::pgoutput::format_lsn;
 use crate::source::replication::{FeedbackSender, ReplicationConnection};
 use crate::source::stream::{self, Decoder, SchemaRecord, SourceEvent};
 use crate::source::{self, setup};
-use crate::telemetry::METRICS;
+use crate::telemetry::{LagWatch, METRICS};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -331,6 +332,7 @@ async fn session(
         forget_at: None,
         backfill,
         chunks_done,
+        lag: LagWatch::new(config.slot_lag_warn_bytes, &config.source.slot),
     };
     pipeline.release()?;
     let ended = pipeline.run(rx, shutdown).await;
@@ -571,6 +573,8 @@ struct Pipeline<'a> {
     forget_at: Option<u64>,
     backfill: &'a mut Driver,
     chunks_done: &'a watch::Sender<i64>,
+    /// Warns when the slot lag passes `telemetry.slot_lag_warn_bytes`.
+    lag: LagWatch,
 }
 
 impl Pipeline<'_> {
@@ -710,10 +714,14 @@ impl Pipeline<'_> {
                 self.advance();
             }
             SourceEvent::Keepalive { wal_end } => {
-                METRICS.slot_lag_bytes.store(
-                    wal_end.saturating_sub(self.cursor.confirmed_lsn) as i64,
-                    Relaxed,
-                );
+                // Before its first confirmation a new pipeline's cursor is
+                // 0, not the slot's start: measured from it, the lag would be
+                // the server's whole WAL history.
+                if self.cursor.confirmed_lsn > 0 {
+                    let lag = wal_end.saturating_sub(self.cursor.confirmed_lsn);
+                    METRICS.slot_lag_bytes.store(lag as i64, Relaxed);
+                    self.lag.observe(lag);
+                }
                 let idle = !self.open_txn
                     && self.txns.is_empty()
                     && self.batcher.is_empty()
@@ -737,6 +745,7 @@ impl Pipeline<'_> {
         METRICS.changes_received.fetch_add(1, Relaxed);
         let seq = self.next_seq;
         self.next_seq += 1;
+        JOURNAL.captured(seq, change);
         match self.batcher.push(seq, change) {
             None => {}
             Some(Cut::Ready(batch)) => self.enqueue(batch)?,
@@ -744,6 +753,7 @@ impl Pipeline<'_> {
                 first_seq,
                 last_seq,
             }) => {
+                JOURNAL.settled(first_seq, last_seq, Fate::ArchivedBefore, None);
                 self.frontier.mark(first_seq, last_seq);
                 self.advance();
             }
@@ -978,6 +988,11 @@ impl Pipeline<'_> {
             parked_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         })?;
         self.data_version = self.checkpoint.data_version()?;
+        let fate = match status {
+            ParkStatus::Held => Fate::Held,
+            _ => Fate::Parked,
+        };
+        JOURNAL.settled(batch.first_seq, batch.last_seq, fate, Some(&batch.key));
         if !batch.from_parked {
             match status {
                 ParkStatus::Held => METRICS.held_batches.fetch_add(1, Relaxed),
@@ -1022,6 +1037,12 @@ impl Pipeline<'_> {
         METRICS.changes_archived.fetch_add(n, Relaxed);
         METRICS.objects_written.fetch_add(1, Relaxed);
         METRICS.bytes_written.fetch_add(bytes as u64, Relaxed);
+        JOURNAL.settled(
+            batch.first_seq,
+            batch.last_seq,
+            Fate::Delivered,
+            Some(&batch.key),
+        );
         if !batch.from_parked {
             let committed = layout::pg_time(batch.commit_ts);
             if let Ok(age) = (chrono::Utc::now() - committed).to_std() {

@@ -1,7 +1,7 @@
 //! `waltail status`: where the pipeline stands, from its local state and
 //! from Postgres: confirmed position, next seq, last object, recent rate,
 //! parked batches, backfills, the slot and how far it lags behind the
-//! server's WAL.
+//! server's WAL (flagged when over `telemetry.slot_lag_warn_bytes`).
 //! Read-only; works while `waltail run` is running.
 
 use std::process::ExitCode;
@@ -48,6 +48,11 @@ pub async fn status(config: &Config, json: bool) -> Result<ExitCode> {
             .then(|| (last.next_seq - first.next_seq) as f64 / (last.at - first.at) as f64)
     });
     let slot = slot_status(config).await;
+    let threshold = config.slot_lag_warn_bytes;
+    let lag_warning = threshold > 0
+        && slot["lag_bytes"]
+            .as_i64()
+            .is_some_and(|lag| lag > 0 && lag as u64 > threshold);
     // Backfills in progress, and the last few finished ones.
     let all = cp.backfills()?;
     let finished: Vec<i64> = all
@@ -83,6 +88,8 @@ pub async fn status(config: &Config, json: bool) -> Result<ExitCode> {
             "error": b.error,
         })).collect::<Vec<_>>(),
         "slot": slot,
+        "slot_lag_warn_bytes": threshold,
+        "lag_warning": lag_warning,
     });
     if json {
         println!("{report}");
@@ -139,6 +146,14 @@ pub async fn status(config: &Config, json: bool) -> Result<ExitCode> {
         );
     }
     print_slot(&config.source.slot, &report["slot"]);
+    if lag_warning {
+        println!(
+            "WARNING      the slot lags more than telemetry.slot_lag_warn_bytes ({}): Postgres keeps \
+             this WAL until waltail confirms it. Is `waltail run` running, and writing (parked \
+             batches, PUT retries in its log)? A long transaction also holds it",
+            human_bytes(threshold as i64)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,6 +1,9 @@
-//! Logging through `tracing`: human-readable on stderr by default, JSON lines
-//! with `--log-format json`. The filter comes from `WALTAIL_LOG` (e.g.
-//! `debug`, `waltail=debug`), default `info`.
+//! What an operator sees of a running pipeline: logs through `tracing`
+//! (human-readable on stderr by default, JSON lines with `--log-format json`;
+//! the filter comes from `WALTAIL_LOG`, e.g. `debug`, `waltail=debug`,
+//! default `info`), the process's metrics, the slot-lag warning, and the
+//! HTTP server on `telemetry.listen` (`/metrics`, `/healthz`, `/readyz`, and
+//! the console, see [`crate::console`]).
 
 use tracing_subscriber::EnvFilter;
 
@@ -30,12 +33,16 @@ pub fn init_logging(format: LogFormat, default: &str) {
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
+
+use crate::console::Console;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const BUCKETS: [f64; 13] = [
@@ -195,7 +202,12 @@ impl Metrics {
     }
 }
 
-async fn answer(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+/// Answers the probes and metrics here; everything else is the console's.
+async fn answer(
+    req: Request<hyper::body::Incoming>,
+    console: &Console,
+    peer: SocketAddr,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let (status, body) = match req.uri().path() {
         "/metrics" => (StatusCode::OK, METRICS.render()),
         "/healthz" => (StatusCode::OK, "ok\n".to_string()),
@@ -204,10 +216,7 @@ async fn answer(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Byt
             StatusCode::SERVICE_UNAVAILABLE,
             "not streaming\n".to_string(),
         ),
-        _ => (
-            StatusCode::NOT_FOUND,
-            "try /metrics, /healthz or /readyz\n".to_string(),
-        ),
+        _ => return Ok(console.answer(req, peer).await),
     };
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
@@ -223,17 +232,142 @@ async fn answer(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Byt
     Ok(resp)
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener) {
+/// Serves `/metrics`, `/healthz`, `/readyz` and the console on `listener`
+/// until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, console: Console) {
+    let console = Arc::new(console);
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             continue;
         };
+        let console = console.clone();
         tokio::spawn(async move {
             let io = hyper_util::rt::TokioIo::new(stream);
+            let service = hyper::service::service_fn(move |req| {
+                let console = console.clone();
+                async move { answer(req, &console, peer).await }
+            });
             let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, hyper::service::service_fn(answer))
+                .serve_connection(io, service)
                 .await;
         });
+    }
+}
+
+// ---- slot lag warning ----
+
+/// While the lag stays over the threshold the warning is repeated this often:
+/// a standing reminder in the log, not a line per keepalive.
+pub const LAG_WARN_REPEAT: Duration = Duration::from_secs(300);
+
+/// Warns when the slot lag passes `telemetry.slot_lag_warn_bytes`, again at
+/// most every [`LAG_WARN_REPEAT`] while it stays over, and says when it is
+/// back under. Fed by the pipeline on every keepalive.
+#[derive(Debug)]
+pub struct LagWatch {
+    threshold: u64,
+    slot: String,
+    /// When the lag went over, while it is over.
+    over_since: Option<Instant>,
+    warned_at: Option<Instant>,
+}
+
+/// What [`LagWatch::check`] decided to say.
+#[derive(Debug, PartialEq, Eq)]
+enum LagNotice {
+    /// Over the threshold, for this long so far.
+    Over(Duration),
+    /// Back under after this long over.
+    Back(Duration),
+}
+
+impl LagWatch {
+    /// A watch on `slot`; `threshold` 0 never warns.
+    pub fn new(threshold: u64, slot: &str) -> LagWatch {
+        LagWatch {
+            threshold,
+            slot: slot.to_string(),
+            over_since: None,
+            warned_at: None,
+        }
+    }
+
+    /// Takes the lag measured now and logs what needs saying.
+    pub fn observe(&mut self, lag_bytes: u64) {
+        match self.check(lag_bytes, Instant::now()) {
+            Some(LagNotice::Over(over_for)) => tracing::warn!(
+                slot = %self.slot,
+                lag_bytes,
+                threshold_bytes = self.threshold,
+                over_for = ?over_for,
+                "replication slot lag is over telemetry.slot_lag_warn_bytes: Postgres keeps this WAL \
+                 until waltail confirms it. Look for a slow or failing destination (PUT retries, \
+                 parked batches) or a long transaction; `waltail status` shows the lag"
+            ),
+            Some(LagNotice::Back(over_for)) => tracing::info!(
+                slot = %self.slot,
+                lag_bytes,
+                threshold_bytes = self.threshold,
+                over_for = ?over_for,
+                "replication slot lag is back under telemetry.slot_lag_warn_bytes"
+            ),
+            None => {}
+        }
+    }
+
+    fn check(&mut self, lag_bytes: u64, now: Instant) -> Option<LagNotice> {
+        if self.threshold == 0 {
+            return None;
+        }
+        if lag_bytes > self.threshold {
+            let since = *self.over_since.get_or_insert(now);
+            if self
+                .warned_at
+                .is_some_and(|t| now.duration_since(t) < LAG_WARN_REPEAT)
+            {
+                return None;
+            }
+            self.warned_at = Some(now);
+            return Some(LagNotice::Over(now.duration_since(since)));
+        }
+        let since = self.over_since.take()?;
+        self.warned_at = None;
+        Some(LagNotice::Back(now.duration_since(since)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_warning_once_then_every_few_minutes_then_back_under() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut w = LagWatch::new(1000, "s");
+        assert_eq!(w.check(1000, at(0)), None, "at the threshold is not over");
+        assert_eq!(w.check(1001, at(1)), Some(LagNotice::Over(Duration::ZERO)));
+        assert_eq!(w.check(5000, at(2)), None);
+        assert_eq!(w.check(5000, at(300)), None);
+        assert_eq!(
+            w.check(5000, at(301)),
+            Some(LagNotice::Over(Duration::from_secs(300)))
+        );
+        assert_eq!(
+            w.check(10, at(310)),
+            Some(LagNotice::Back(Duration::from_secs(309)))
+        );
+        assert_eq!(w.check(10, at(311)), None);
+        // Over again: a fresh warning at once.
+        assert_eq!(
+            w.check(2000, at(312)),
+            Some(LagNotice::Over(Duration::ZERO))
+        );
+    }
+
+    #[test]
+    fn lag_warning_off_at_zero() {
+        let mut w = LagWatch::new(0, "s");
+        assert_eq!(w.check(u64::MAX, Instant::now()), None);
     }
 }

@@ -77,7 +77,12 @@ async fn assert_replay_equals_tables(db: &TestDb, prefix: &str, pipeline: &str) 
     let mut last = BTreeMap::new();
     let start = std::time::Instant::now();
     while start.elapsed() < Duration::from_secs(90) {
-        let changes = checked_changes(&s3_objects(prefix).await, Some(prefix), pipeline);
+        let objects = s3_objects(prefix).await;
+        if !contiguous(&objects) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        let changes = checked_changes(&objects, Some(prefix), pipeline);
         let state = replay(&changes);
         let mut equal = true;
         for t in TABLES {
