@@ -18,6 +18,7 @@ use super::{
 use crate::checkpoint::{Backfill, Checkpoint};
 use crate::config::{Config, TableName};
 use crate::pipeline::{self, RunOptions};
+use crate::sink::{Sink, layout};
 use crate::source::catalog::TypeCatalog;
 use crate::{Error, Result};
 
@@ -101,15 +102,29 @@ pub async fn backfill(
             let size = estimate(client, table).await?;
             let started = Instant::now();
             let sample = read_chunk(client, &plan, None, SAMPLE_ROWS).await?;
-            let rate = sample.rows.len() as f64 / started.elapsed().as_secs_f64().max(1e-6);
-            estimates.push((table.clone(), size, rate, plan.key_kind));
+            let read_rate = sample.rows.len() as f64 / started.elapsed().as_secs_f64().max(1e-6);
+            let row_bytes = sample
+                .rows
+                .iter()
+                .map(|(_, d)| d.len() + ENVELOPE_BYTES)
+                .sum::<usize>()
+                .checked_div(sample.rows.len())
+                .unwrap_or(ENVELOPE_BYTES);
+            estimates.push(TableEstimate {
+                table: table.clone(),
+                size,
+                read_rate,
+                row_bytes,
+                key_kind: plan.key_kind,
+            });
         }
-        print_estimates(&estimates, chunk_size);
+        let put = object_write_time(config, &estimates).await?;
+        print_estimates(config, &estimates, put, chunk_size);
         if !opts.yes && !confirm()? {
             println!("nothing started");
             return Ok(ExitCode::SUCCESS);
         }
-        for (table, size, _, _) in &estimates {
+        for TableEstimate { table, size, .. } in &estimates {
             ids.push(state.request_backfill(&table.schema, &table.name, chunk_size, size.rows)?);
         }
     }
@@ -241,14 +256,64 @@ async fn cancel(config: &Config, state: &mut Checkpoint) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_estimates(estimates: &[(TableName, Estimate, f64, &str)], chunk_size: u64) {
+/// What the estimate of one table is made of.
+struct TableEstimate {
+    table: TableName,
+    size: Estimate,
+    /// Rows per second read and rendered, measured on a sample.
+    read_rate: f64,
+    /// Average bytes of an envelope line, from the sample.
+    row_bytes: usize,
+    key_kind: &'static str,
+}
+
+/// Envelope bytes around `data` (op, table, seq, key, LSN): roughly.
+const ENVELOPE_BYTES: usize = 150;
+
+/// How long writing one batch-sized object takes on the destination: the
+/// median of three writes of that size to the check key
+/// (`[prefix/].waltail-check`, padding only: no row data goes there).
+async fn object_write_time(config: &Config, estimates: &[TableEstimate]) -> Result<Duration> {
+    let sink = Sink::new(&config.destination, config.delivery.request_timeout)?;
+    let row_bytes = estimates.iter().map(|e| e.row_bytes).max().unwrap_or(0);
+    let size = row_bytes * config.delivery.batch_size;
+    let body = format!(
+        "{{\"pipeline\":{},\"checked_at\":\"{}\",\"padding\":\"{}\"}}\n",
+        serde_json::Value::from(config.pipeline.as_str()),
+        chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        " ".repeat(size)
+    );
+    let key = layout::check_key(sink.prefix());
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        sink.put(&key, bytes::Bytes::from(body.clone()), "application/json")
+            .await?;
+        times.push(started.elapsed());
+    }
+    times.sort();
+    Ok(times[1])
+}
+
+fn print_estimates(config: &Config, estimates: &[TableEstimate], put: Duration, chunk_size: u64) {
     println!(
         "{:<32} {:>14} {:>10} {:>12}  key",
         "table", "rows", "size", "expected"
     );
+    let batch = config.delivery.batch_size.max(1) as f64;
+    let in_flight = config.delivery.max_in_flight.max(1) as f64;
     let mut total_secs = 0.0;
-    for (table, e, rate, key) in estimates {
-        let secs = e.rows as f64 / rate.max(1.0);
+    for TableEstimate {
+        table,
+        size: e,
+        read_rate,
+        key_kind: key,
+        ..
+    } in estimates
+    {
+        // Reading and writing overlap only in part: add them.
+        let secs = e.rows as f64 / read_rate.max(1.0)
+            + (e.rows as f64 / batch).ceil() * put.as_secs_f64() / in_flight;
         total_secs += secs;
         let rows = if e.exact {
             group(e.rows)
@@ -263,9 +328,16 @@ fn print_estimates(estimates: &[(TableName, Estimate, f64, &str)], chunk_size: u
             human_duration(secs)
         );
     }
+    let read_rate = estimates
+        .iter()
+        .map(|e| e.read_rate)
+        .fold(f64::MAX, f64::min);
     println!(
-        "expected time {} (from reading a sample of each table); chunks of {} rows",
+        "expected time {} (measured here: reading {} rows/s, one object of {} rows written in {} ms); chunks of {} rows",
         human_duration(total_secs),
+        group(read_rate as u64),
+        group(batch as u64),
+        put.as_millis(),
         group(chunk_size)
     );
 }
