@@ -75,6 +75,10 @@ pub enum Cut {
 /// Cuts batches; see the module docs.
 pub struct Batcher {
     batch_size: usize,
+    /// The size of a batch holding only `read` events (backfill).
+    read_batch_size: usize,
+    /// The current batch holds only `read` events.
+    reads_only: bool,
     linger: Duration,
     namespace: Uuid,
     /// Recorded intents not yet re-formed, in seq order.
@@ -88,12 +92,21 @@ impl Batcher {
     pub fn new(batch_size: usize, linger: Duration, namespace: Uuid, intents: Vec<Intent>) -> Self {
         Batcher {
             batch_size,
+            read_batch_size: batch_size,
+            reads_only: true,
             linger,
             namespace,
             fixed: intents.into(),
             current: None,
             deadline: None,
         }
+    }
+
+    /// Lets batches of `read` events alone grow to `size` changes (backfill
+    /// rows are bulk; their objects can be larger than streamed changes').
+    pub fn with_read_batch_size(mut self, size: usize) -> Self {
+        self.read_batch_size = size.max(1);
+        self
     }
 
     /// Adds the change numbered `seq` (seqs arrive contiguous, ascending).
@@ -126,11 +139,20 @@ impl Batcher {
         }
         if self.current.is_none() {
             self.deadline = Some(Instant::now() + self.linger);
+            self.reads_only = true;
         }
+        self.reads_only &= change.op == envelope::Op::Read;
         self.append(seq, change);
-        if self.current.as_ref().is_some_and(|b| {
-            b.changes() as usize >= self.batch_size || b.body.len() >= MAX_BATCH_BYTES
-        }) {
+        let limit = if self.reads_only {
+            self.read_batch_size
+        } else {
+            self.batch_size
+        };
+        if self
+            .current
+            .as_ref()
+            .is_some_and(|b| b.changes() as usize >= limit || b.body.len() >= MAX_BATCH_BYTES)
+        {
             return self.take().map(Cut::Ready);
         }
         None
@@ -230,6 +252,28 @@ mod tests {
         assert_eq!((batch.first_seq, batch.last_seq), (1, 3));
         assert_eq!(batch.body.iter().filter(|&&c| c == b'\n').count(), 3);
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn batches_of_reads_alone_grow_to_the_read_batch_size() {
+        let read = |i| Change {
+            op: Op::Read,
+            ..change(i)
+        };
+        let mut b =
+            Batcher::new(2, Duration::from_secs(1), Uuid::nil(), vec![]).with_read_batch_size(4);
+        for i in 1..4 {
+            assert!(b.push(i, &read(i)).is_none(), "read {i}");
+        }
+        let batch = ready(b.push(4, &read(4)));
+        assert_eq!((batch.first_seq, batch.last_seq), (1, 4));
+        // A streamed change in a batch of reads brings back the usual size.
+        assert!(b.push(5, &read(5)).is_none());
+        let batch = ready(b.push(6, &change(6)));
+        assert_eq!((batch.first_seq, batch.last_seq), (5, 6));
+        assert!(b.push(7, &change(7)).is_none());
+        let batch = ready(b.push(8, &read(8)));
+        assert_eq!((batch.first_seq, batch.last_seq), (7, 8));
     }
 
     #[test]

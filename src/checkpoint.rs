@@ -195,6 +195,19 @@ fn parked_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Parked> {
     })
 }
 
+/// Waits for another connection's write: retries every millisecond, for
+/// up to [`BUSY_WAIT_MS`].
+fn retry_busy(attempt: i32) -> bool {
+    if attempt >= BUSY_WAIT_MS {
+        return false;
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    true
+}
+
+/// How long a write waits for another connection's (in milliseconds).
+const BUSY_WAIT_MS: i32 = 5000;
+
 impl Checkpoint {
     /// Opens (or creates) the state file, and its folder with mode 0700.
     pub fn open(path: &Path) -> Result<Checkpoint> {
@@ -210,8 +223,11 @@ impl Checkpoint {
             .map_err(err)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(err)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(err)?;
+        // Several connections write (the pipeline, its backfill task, the
+        // CLI and console asking for replays). SQLite's own busy handler
+        // sleeps in growing steps up to 100 ms, so a writer meeting a busy
+        // pipeline could lose ~200 ms per write; retry every millisecond.
+        conn.busy_handler(Some(retry_busy)).map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
         Ok(Checkpoint {
             conn,

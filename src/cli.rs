@@ -57,9 +57,10 @@ pub enum Command {
         /// Start without asking
         #[arg(long, short)]
         yes: bool,
-        /// Rows per chunk (each chunk is read in one short transaction)
-        #[arg(long, value_name = "ROWS", default_value_t = crate::source::backfill::DEFAULT_CHUNK_SIZE)]
-        chunk_size: u64,
+        /// Rows per chunk, each read in one short transaction [default:
+        /// backfill.chunk_size, 5000]
+        #[arg(long, value_name = "ROWS")]
+        chunk_size: Option<u64>,
         /// Cancel the backfills in progress instead
         #[arg(long, conflicts_with_all = ["tables", "yes"])]
         cancel: bool,
@@ -155,7 +156,7 @@ pub fn main() -> ExitCode {
                 let opts = crate::source::backfill::command::Options {
                     tables,
                     yes,
-                    chunk_size: Some(chunk_size),
+                    chunk_size,
                     cancel,
                 };
                 let stop = stop_on_signals();

@@ -38,12 +38,18 @@ pub const DEFAULT_BACKOFF: [Duration; 4] = [
 /// failed attempt: long enough for a 100 MB object on a slow link, short
 /// enough that a hung connection does not stall a batch for minutes.
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 30_000;
-/// Where the archive goes when no `[destination]` is configured.
 /// Slot lag (WAL the server holds for us past the confirmed position) above
 /// which `run` warns: 1 GiB is far above what a healthy pipeline lags (a few
 /// MB between confirmations), and low enough to be noticed hours before a
 /// busy server's disk or `max_slot_wal_keep_size` is at risk. 0 turns it off.
 pub const DEFAULT_SLOT_LAG_WARN_BYTES: u64 = 1 << 30;
+/// Rows a backfill reads per chunk: one short snapshot each, and the window
+/// in which changed rows are left to their change.
+pub const DEFAULT_BACKFILL_CHUNK_SIZE: u64 = 5000;
+/// `read` events per object: bulk rows, so larger objects than streamed
+/// changes' (a 100-million-row table is 100,000 objects, not a million).
+pub const DEFAULT_BACKFILL_BATCH_SIZE: usize = 1000;
+/// Where the archive goes when no `[destination]` is configured.
 pub const DEFAULT_ARCHIVE_DIR: &str = "./waltail-archive";
 pub const DEFAULT_STATE_DIR: &str = "./waltail-state";
 pub const DEFAULT_PIPELINE: &str = "waltail";
@@ -63,6 +69,16 @@ pub struct Config {
     /// `telemetry.slot_lag_warn_bytes`: slot lag that makes `run` warn and
     /// `status` and the console flag it; 0 = never.
     pub slot_lag_warn_bytes: u64,
+    pub backfill: BackfillConfig,
+}
+
+/// `[backfill]`: how existing rows are read and archived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackfillConfig {
+    /// Rows per chunk (`waltail backfill --chunk-size` overrides it).
+    pub chunk_size: u64,
+    /// `read` events per object, while a batch holds only those.
+    pub batch_size: usize,
 }
 
 #[derive(Clone)]
@@ -310,6 +326,14 @@ struct RawConfig {
     destination: Option<RawDestination>,
     delivery: Option<RawDelivery>,
     telemetry: Option<RawTelemetry>,
+    backfill: Option<RawBackfill>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawBackfill {
+    chunk_size: Option<i64>,
+    batch_size: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -392,6 +416,8 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("delivery", "request_timeout_ms", Kind::Int),
     ("telemetry", "listen", Kind::Str),
     ("telemetry", "slot_lag_warn_bytes", Kind::Int),
+    ("backfill", "chunk_size", Kind::Int),
+    ("backfill", "batch_size", Kind::Int),
 ];
 
 /// `WALTAIL_*` variables that are not configuration keys.
@@ -794,9 +820,25 @@ fn validate(raw: RawConfig) -> Result<Config> {
             )));
         }
     };
+    let backfill = raw.backfill.unwrap_or_default();
+    let backfill = BackfillConfig {
+        chunk_size: positive(
+            "backfill.chunk_size",
+            backfill.chunk_size,
+            DEFAULT_BACKFILL_CHUNK_SIZE as i64,
+            1_000_000,
+        )? as u64,
+        batch_size: positive(
+            "backfill.batch_size",
+            backfill.batch_size,
+            DEFAULT_BACKFILL_BATCH_SIZE as i64,
+            1_000_000,
+        )? as usize,
+    };
     Ok(Config {
         telemetry_listen,
         slot_lag_warn_bytes,
+        backfill,
         pipeline,
         state_dir,
         source: SourceConfig {
@@ -1031,6 +1073,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("telemetry.slot_lag_warn_bytes"), "{err}");
+    }
+
+    #[test]
+    fn backfill_sizes_default_and_can_be_set() {
+        let c = load(MINIMAL, &[]).unwrap();
+        assert_eq!(
+            c.backfill,
+            BackfillConfig {
+                chunk_size: 5000,
+                batch_size: 1000
+            }
+        );
+        let c = load(
+            &format!("{MINIMAL}\n[backfill]\nchunk_size = 20000\n"),
+            &[("WALTAIL_BACKFILL_BATCH_SIZE", "250")],
+        )
+        .unwrap();
+        assert_eq!((c.backfill.chunk_size, c.backfill.batch_size), (20000, 250));
+        let err = load(MINIMAL, &[("WALTAIL_BACKFILL_CHUNK_SIZE", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("backfill.chunk_size = 0"), "{err}");
     }
 
     #[test]

@@ -290,7 +290,8 @@ async fn session(
         config.delivery.linger,
         namespace,
         intents,
-    );
+    )
+    .with_read_batch_size(config.backfill.batch_size);
     let parked = checkpoint.parked()?;
     if !parked.is_empty() {
         tracing::warn!(

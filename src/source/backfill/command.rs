@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::{
-    DEFAULT_CHUNK_SIZE, Estimate, Mark, check_server, configured_table, connect, emit, estimate,
-    plan, read_chunk,
+    Estimate, Mark, check_server, configured_table, connect, emit, estimate, plan, read_chunk,
 };
 use crate::checkpoint::{Backfill, Checkpoint};
 use crate::config::{Config, TableName};
@@ -92,7 +91,7 @@ pub async fn backfill(
             None => new.push(table.clone()),
         }
     }
-    let chunk_size = opts.chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE).max(1);
+    let chunk_size = opts.chunk_size.unwrap_or(config.backfill.chunk_size).max(1);
     if !new.is_empty() {
         let mut estimates = Vec::new();
         for table in &new {
@@ -276,7 +275,7 @@ const ENVELOPE_BYTES: usize = 150;
 async fn object_write_time(config: &Config, estimates: &[TableEstimate]) -> Result<Duration> {
     let sink = Sink::new(&config.destination, config.delivery.request_timeout)?;
     let row_bytes = estimates.iter().map(|e| e.row_bytes).max().unwrap_or(0);
-    let size = row_bytes * config.delivery.batch_size;
+    let size = row_bytes * config.backfill.batch_size;
     let body = format!(
         "{{\"pipeline\":{},\"checked_at\":\"{}\",\"padding\":\"{}\"}}\n",
         serde_json::Value::from(config.pipeline.as_str()),
@@ -300,7 +299,7 @@ fn print_estimates(config: &Config, estimates: &[TableEstimate], put: Duration, 
         "{:<32} {:>14} {:>10} {:>12}  key",
         "table", "rows", "size", "expected"
     );
-    let batch = config.delivery.batch_size.max(1) as f64;
+    let batch = config.backfill.batch_size.max(1) as f64;
     let in_flight = config.delivery.max_in_flight.max(1) as f64;
     let mut total_secs = 0.0;
     for TableEstimate {
@@ -333,11 +332,11 @@ fn print_estimates(config: &Config, estimates: &[TableEstimate], put: Duration, 
         .map(|e| e.read_rate)
         .fold(f64::MAX, f64::min);
     println!(
-        "expected time {} (measured here: reading {} rows/s, one object of {} rows written in {} ms); chunks of {} rows",
+        "expected time {} (measured here: reading {} rows/s, one object of {} rows written in {:.1} ms); chunks of {} rows",
         human_duration(total_secs),
         group(read_rate as u64),
         group(batch as u64),
-        put.as_millis(),
+        put.as_secs_f64() * 1000.0,
         group(chunk_size)
     );
 }

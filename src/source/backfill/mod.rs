@@ -44,8 +44,6 @@ use crate::{Error, Result};
 
 /// The first server version whose pgoutput passes logical messages on.
 pub const MIN_SERVER_VERSION: i64 = 140000;
-/// Rows per chunk unless `--chunk-size` says otherwise.
-pub const DEFAULT_CHUNK_SIZE: u64 = 5000;
 /// A chunk also ends at this many bytes of rendered rows, so wide rows keep
 /// the memory of a chunk (read here, re-read by the pipeline) bounded.
 const MAX_CHUNK_BYTES: usize = 16 << 20;
