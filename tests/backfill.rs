@@ -354,3 +354,85 @@ async fn backfill_asks_first_and_refuses_what_it_cannot_do() {
     assert!(stderr.contains("not in source.tables"), "{stderr}");
     db.drop_db().await;
 }
+
+/// `waltail backfill --cancel` stops a backfill in progress: the command
+/// following it ends (exit 1, cancelled), streaming goes on, and the slot's
+/// position is not held back at a chunk's low watermark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_can_be_cancelled() {
+    let db = TestDb::new("bfcancel").await;
+    db.exec(
+        "CREATE TABLE a (id int PRIMARY KEY, v int, note text);
+         INSERT INTO a SELECT g, g, 'a' FROM generate_series(1, 200000) g;
+         ANALYZE a;",
+    )
+    .await;
+    let pipeline = unique("bfcancel").replace('_', "-");
+    let prefix = format!("backfill/{pipeline}");
+    let mut run = Waltail::new(&db, &pipeline, "public.a");
+    run.s3(&prefix);
+    run.start();
+    let mut cli = Waltail::new(&db, &pipeline, "public.a");
+    cli.env = run.env.clone();
+    let state_dir = run.dir.path().join("waltail-state");
+    cli.set("WALTAIL_STATE_DIR", state_dir.to_str().unwrap());
+    cli.spawn(&["backfill", "--yes", "--chunk-size", "500"]);
+    eventually(Duration::from_secs(60), "some read events", async || {
+        s3_objects(&prefix)
+            .await
+            .iter()
+            .filter(|o| o.key.ends_with(".ndjson"))
+            .count()
+            >= 3
+    })
+    .await;
+
+    let (status, stdout, stderr) = run.output(&["backfill", "--cancel"]);
+    assert!(status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("cancelled 1 backfill(s)"), "{stdout}");
+    let status = tokio::task::block_in_place(|| cli.wait_exit(Duration::from_secs(60)));
+    let out = cli.log();
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(out.contains("public.a: cancelled"), "{out}");
+
+    // Streaming goes on, and everything up to now gets confirmed.
+    db.exec("INSERT INTO a VALUES (300001, 1, 'after')").await;
+    let lsn: String = db
+        .client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    eventually(
+        Duration::from_secs(30),
+        "the slot confirmed past the insert",
+        async || {
+            db.client
+            .query_one(
+                "SELECT bool_and(confirmed_flush_lsn >= $1::text::pg_lsn) FROM pg_replication_slots
+                 WHERE database = current_database()",
+                &[&lsn],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<bool>>(0)
+            == Some(true)
+        },
+    )
+    .await;
+    let objects = s3_objects(&prefix).await;
+    let changes = checked_changes(&objects, Some(&prefix), &pipeline);
+    let reads = changes.iter().filter(|c| c["op"] == "read").count();
+    assert!(
+        reads < 200_000,
+        "the backfill was not cancelled: {reads} rows read"
+    );
+    assert!(
+        changes
+            .iter()
+            .any(|c| c["op"] == "insert" && c["data"]["id"] == 300001),
+        "the insert after the cancel is not archived"
+    );
+    run.stop();
+    db.drop_db().await;
+}

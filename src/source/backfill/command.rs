@@ -25,6 +25,9 @@ use crate::{Error, Result};
 const POLL: Duration = Duration::from_millis(250);
 /// Without a terminal, a progress line this often.
 const LINE_EVERY: Duration = Duration::from_secs(10);
+/// A running pipeline that has sampled no progress for this long is
+/// probably gone.
+const STALE_SECS: i64 = 30;
 /// Rows read to time the estimate.
 const SAMPLE_ROWS: u64 = 2000;
 
@@ -219,6 +222,7 @@ async fn watch(
         .progress_chars("=> "),
     );
     let mut last_line = Instant::now();
+    let mut warned = false;
     let finished = loop {
         let now = read(&state)?;
         let done: u64 = now.iter().map(|b| b.rows_read).sum();
@@ -234,6 +238,21 @@ async fn watch(
         }
         if now.iter().all(|b| !b.is_active()) {
             break now;
+        }
+        // Following another process: say so if it seems to have stopped
+        // (a running pipeline samples its progress every few seconds).
+        if stop.is_none() && !warned {
+            let sampled = state.progress()?.last().map(|p| p.at).unwrap_or(0);
+            if chrono::Utc::now().timestamp() - sampled > STALE_SECS {
+                bar.suspend(|| {
+                    eprintln!(
+                        "warning: pipeline {} has recorded no progress for {STALE_SECS} s; is `waltail run` still running? \
+                         The backfill resumes from its last chunk when it runs again.",
+                        config.pipeline
+                    )
+                });
+                warned = true;
+            }
         }
         tokio::time::sleep(POLL).await;
     };

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{Mark, TablePlan, check_server, connect, emit, plan, read_chunk};
+use super::{Mark, check_server, connect, emit, plan, read_chunk};
 use crate::checkpoint::{Backfill, Checkpoint};
 use crate::config::{Config, TableName};
 use crate::error::{Disposition, Report};
@@ -106,8 +106,16 @@ async fn work(config: &Config, completed: &mut watch::Receiver<i64>) -> Result<(
         } else {
             tracing::info!(table = %table, rows_read = backfill.rows_read, "backfill resumed");
         }
-        let client = catalog.client().expect("the catalog has a client");
-        if let Err(e) = chunks(config, &mut state, client, &plan, backfill.id, completed).await {
+        if let Err(e) = chunks(
+            config,
+            &mut state,
+            &mut catalog,
+            &table,
+            backfill.id,
+            completed,
+        )
+        .await
+        {
             fail_unless_retry(&mut state, &backfill, e)?;
         }
     }
@@ -138,11 +146,12 @@ const LOOKAHEAD: usize = 2;
 async fn chunks(
     config: &Config,
     state: &mut Checkpoint,
-    client: &tokio_postgres::Client,
-    plan: &TablePlan,
+    catalog: &mut TypeCatalog,
+    table: &TableName,
     id: i64,
     completed: &mut watch::Receiver<i64>,
 ) -> Result<()> {
+    let client = catalog.client().expect("the catalog has a client");
     // Chunks left by a previous run may have their high watermarks still on
     // the way through the stream: were they read again now, their rows
     // would be emitted twice. An abort marker after them lets the pipeline
@@ -169,11 +178,15 @@ async fn chunks(
                 return Ok(());
             }
         }
+        // Planned for every chunk: a column added or dropped meanwhile is
+        // read (and recorded in the chunk's schema) as it now is.
+        let plan = plan(catalog, table).await?;
+        let client = catalog.client().expect("the catalog has a client");
         let chunk = state.new_chunk(id)?;
         let started = std::time::Instant::now();
         emit(client, &config.pipeline, chunk, Mark::Low).await?;
         let read = async {
-            let rows = read_chunk(client, plan, after.as_deref(), backfill.chunk_size).await?;
+            let rows = read_chunk(client, &plan, after.as_deref(), backfill.chunk_size).await?;
             state.store_chunk(
                 chunk,
                 &rows.rows,
