@@ -8,7 +8,11 @@
 #        a. one transaction of 1,000,000 inserts
 #        b. 100,000 transactions of 10 inserts
 #        c. 300,000 transactions of one update
-#      prints changes/s for both, the ratio and waltail's peak RSS (VmHWM);
+#      prints changes/s for both, the ratio and waltail's peak RSS (VmHWM),
+#      and the CPU time per object of waltail and of SeaweedFS (both share
+#      the machine's cores with the walsender); then drains it a third time
+#      by `waltail run` into a local folder (no store on the cores: waltail's
+#      own ceiling);
 #   2. commit-to-object latency: pgbench drives LAT_RATE one-row transactions/s
 #      (default 2000) for LAT_SECONDS (default 30) into a streaming waltail
 #      writing to a local folder; each row carries clock_timestamp() at insert,
@@ -79,10 +83,18 @@ rate() { awk -v n="$1" -v t="$2" 'BEGIN { printf "%.0f", n / t }'; }
 # Starts `waltail run` for pipeline $1 in the background (pid in $wt, log
 # $work/$1.log, appended) and waits for it to stream.
 streamed() { cat "$1" 2>/dev/null | grep -c streaming || true; }
+# With FOLDER set, the destination is a local folder instead of SeaweedFS.
 start_waltail() {
   local log=$work/$1.log
   local before; before=$(streamed "$log")
-  WALTAIL_PIPELINE=$1 WALTAIL_STATE_DIR=$work/state-$1 "$bin" run 2>>"$log" &
+  if [ -n "${FOLDER:-}" ]; then
+    env -u WALTAIL_DESTINATION_BUCKET -u WALTAIL_DESTINATION_ENDPOINT -u WALTAIL_DESTINATION_USE_PATH_STYLE \
+      -u WALTAIL_DESTINATION_ACCESS_KEY_ID -u WALTAIL_DESTINATION_SECRET_ACCESS_KEY -u WALTAIL_DESTINATION_PREFIX \
+      WALTAIL_DESTINATION_TYPE=file WALTAIL_DESTINATION_PATH="$FOLDER" \
+      WALTAIL_PIPELINE=$1 WALTAIL_STATE_DIR=$work/state-$1 "$bin" run 2>>"$log" &
+  else
+    WALTAIL_PIPELINE=$1 WALTAIL_STATE_DIR=$work/state-$1 "$bin" run 2>>"$log" &
+  fi
   wt=$!
   until [ "$(streamed "$log")" -gt "$before" ]; do
     kill -0 "$wt" 2>/dev/null || { cat "$log" >&2; exit 1; }
@@ -90,6 +102,10 @@ start_waltail() {
   done
 }
 stop_waltail() { kill -INT "$wt"; wait "$wt"; wt=; }
+# CPU seconds (user + system) a process has used so far.
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat"; }
+weed_pid=$(cat "$S3_ROOT/weed.pid")
+BATCH=${WALTAIL_DELIVERY_BATCH_SIZE:-100}
 
 table=()
 # backlog NAME LABEL CHANGES SQL...: the SQL (run in one session with
@@ -100,8 +116,9 @@ backlog() {
   export WALTAIL_SOURCE_TABLES=public.bench WALTAIL_SOURCE_PUBLICATION=bench_pub
   export WALTAIL_SOURCE_SLOT=wt_$name WALTAIL_DESTINATION_PREFIX=$name
   psql -c "SELECT pg_create_logical_replication_slot('ceiling_$name', 'pgoutput')" >/dev/null
-  # waltail's slot is created by waltail itself, so that its state knows it.
+  # waltail's slots are created by waltail itself, so that its state knows them.
   start_waltail "e2e_$name"; stop_waltail
+  WALTAIL_SOURCE_SLOT=wtf_$name FOLDER=$work/folder-$name start_waltail "e2f_$name"; stop_waltail
 
   local t0 t1; t0=$(now)
   psql -c "SET synchronous_commit = off" "$@"
@@ -119,21 +136,39 @@ backlog() {
   psql -c "SELECT pg_drop_replication_slot('ceiling_$name')" >/dev/null
 
   t0=$(now)
+  local weed0; weed0=$(cpu_s "$weed_pid")
   start_waltail "e2e_$name"
   wait_confirmed "wt_$name" "$end"
   t1=$(now)
   local peak; peak=$(hwm "$wt")
+  local wt_cpu; wt_cpu=$(cpu_s "$wt")
+  local weed_cpu; weed_cpu=$(awk -v a="$weed0" -v b="$(cpu_s "$weed_pid")" 'BEGIN { print b - a }')
   stop_waltail
   local wt_t; wt_t=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
   local got; got=$(archived "$work/state-e2e_$name/e2e_$name.sqlite")
   [ "$got" = "$changes" ] || echo "   WARNING: waltail archived $got changes, expected $changes"
   psql -c "SELECT pg_drop_replication_slot('wt_$name')" >/dev/null
 
-  local c w; c=$(rate "$changes" "$ceil_t"); w=$(rate "$changes" "$wt_t")
+  t0=$(now)
+  WALTAIL_SOURCE_SLOT=wtf_$name FOLDER=$work/folder-$name start_waltail "e2f_$name"
+  wait_confirmed "wtf_$name" "$end"
+  t1=$(now)
+  stop_waltail
+  local wf_t; wf_t=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+  psql -c "SELECT pg_drop_replication_slot('wtf_$name')" >/dev/null
+  rm -rf "$work/folder-$name"
+
+  local c w f; c=$(rate "$changes" "$ceil_t"); w=$(rate "$changes" "$wt_t"); f=$(rate "$changes" "$wf_t")
+  local objects=$(( (changes + BATCH - 1) / BATCH ))
+  local per_obj; per_obj=$(awk -v w="$wt_cpu" -v s="$weed_cpu" -v n="$objects" \
+    'BEGIN { printf "%.2f / %.2f", w * 1000 / n, s * 1000 / n }')
   printf '   pg_recvlogical %.2f s = %s changes/s; waltail %.2f s = %s changes/s (%s archived); peak RSS %s\n' \
     "$ceil_t" "$c" "$wt_t" "$w" "$got" "$peak"
-  table+=("$(printf '%-30s | %24s | %17s | %5s | %s' "$label" "$c" "$w" \
-    "$(awk -v a="$w" -v b="$c" 'BEGIN { printf "%.2f", a / b }')" "$peak")")
+  printf '   CPU per object (%s objects): waltail %s SeaweedFS ms; waltail into a local folder %.2f s = %s changes/s\n' \
+    "$objects" "$per_obj" "$wf_t" "$f"
+  table+=("$(printf '%-30s | %24s | %17s | %5s | %16s | %21s | %5s | %s' "$label" "$c" "$w" \
+    "$(awk -v a="$w" -v b="$c" 'BEGIN { printf "%.2f", a / b }')" "$per_obj" "$f" \
+    "$(awk -v a="$f" -v b="$c" 'BEGIN { printf "%.2f", a / b }')" "$peak")")
 }
 
 backlog a "a. 1 tx x $ROWS_A inserts" "$ROWS_A" \
@@ -188,6 +223,7 @@ PY
 
 echo
 echo "== summary (SCALE=$SCALE, $(nproc) cores, $("$PG_BIN/postgres" --version | awk '{print $3}'), batch_size ${WALTAIL_DELIVERY_BATCH_SIZE:-100}, max_in_flight ${WALTAIL_DELIVERY_MAX_IN_FLIGHT:-4})"
-printf '%-30s | %24s | %17s | %5s | %s\n' backlog "pg_recvlogical changes/s" "waltail changes/s" ratio "waltail peak RSS"
+printf '%-30s | %24s | %17s | %5s | %16s | %21s | %5s | %s\n' backlog "pg_recvlogical changes/s" "waltail changes/s" ratio \
+  "CPU ms/object w/s" "waltail→folder ch/s" ratio "waltail peak RSS"
 for row in "${table[@]}"; do echo "$row"; done
 echo "latency at $tps tx/s (target $LAT_RATE) for $LAT_SECONDS s, commit to object (file mtime): $lat; peak RSS $lat_peak"
