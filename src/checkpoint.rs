@@ -498,6 +498,20 @@ impl Backfill {
     pub fn is_active(&self) -> bool {
         self.status == "pending" || self.status == "running"
     }
+
+    /// As `status --json` and the console show it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "table": format!("{}.{}", self.schema, self.table),
+            "status": self.status,
+            "rows_read": self.rows_read,
+            "rows_sent": self.rows_sent,
+            "estimate": self.estimate,
+            "requested_at": self.requested_at,
+            "finished_at": self.finished_at,
+            "error": self.error,
+        })
+    }
 }
 
 /// A backfill chunk as the pipeline needs it when its high watermark arrives.
@@ -567,6 +581,22 @@ impl Checkpoint {
             .map_err(self.err())?;
         let rows = stmt.query_map([], backfill_row).map_err(self.err())?;
         rows.collect::<Result<Vec<_>, _>>().map_err(self.err())
+    }
+
+    /// Backfills in progress and the last `finished` finished ones, oldest
+    /// first: what `status` and the console show.
+    pub fn recent_backfills(&self, finished: usize) -> Result<Vec<Backfill>> {
+        let all = self.backfills()?;
+        let done: Vec<i64> = all
+            .iter()
+            .filter(|b| !b.is_active())
+            .map(|b| b.id)
+            .collect();
+        let recent = &done[done.len().saturating_sub(finished)..];
+        Ok(all
+            .into_iter()
+            .filter(|b| b.is_active() || recent.contains(&b.id))
+            .collect())
     }
 
     pub fn backfill(&self, id: i64) -> Result<Option<Backfill>> {

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use serde_json::{Value, json};
 
-use crate::checkpoint::{Checkpoint, ParkStatus};
+use crate::checkpoint::{Backfill, Checkpoint, ParkStatus};
 use crate::config::Config;
 use crate::error::Report;
 use crate::source::{self, pgoutput::format_lsn};
@@ -54,17 +54,7 @@ pub async fn status(config: &Config, json: bool) -> Result<ExitCode> {
             .as_i64()
             .is_some_and(|lag| lag > 0 && lag as u64 > threshold);
     // Backfills in progress, and the last few finished ones.
-    let all = cp.backfills()?;
-    let finished: Vec<i64> = all
-        .iter()
-        .filter(|b| !b.is_active())
-        .map(|b| b.id)
-        .collect();
-    let recent = &finished[finished.len().saturating_sub(5)..];
-    let backfills: Vec<_> = all
-        .iter()
-        .filter(|b| b.is_active() || recent.contains(&b.id))
-        .collect();
+    let backfills = cp.recent_backfills(5)?;
 
     let report = json!({
         "pipeline": config.pipeline,
@@ -77,16 +67,7 @@ pub async fn status(config: &Config, json: bool) -> Result<ExitCode> {
         "changes_per_s": rate,
         "parked": parked.len() - held,
         "held": held,
-        "backfills": backfills.iter().map(|b| json!({
-            "table": format!("{}.{}", b.schema, b.table),
-            "status": b.status,
-            "rows_read": b.rows_read,
-            "rows_sent": b.rows_sent,
-            "estimate": b.estimate,
-            "requested_at": b.requested_at,
-            "finished_at": b.finished_at,
-            "error": b.error,
-        })).collect::<Vec<_>>(),
+        "backfills": backfills.iter().map(Backfill::to_json).collect::<Vec<_>>(),
         "slot": slot,
         "slot_lag_warn_bytes": threshold,
         "lag_warning": lag_warning,

@@ -370,8 +370,22 @@ async fn backfill_can_be_cancelled() {
     let pipeline = unique("bfcancel").replace('_', "-");
     let prefix = format!("backfill/{pipeline}");
     let mut run = Waltail::new(&db, &pipeline, "public.a");
-    run.s3(&prefix);
+    run.s3(&prefix)
+        .set("WALTAIL_TELEMETRY_LISTEN", "127.0.0.1:0");
     run.start();
+    let log = run.log();
+    let console = log
+        .split("serving the console at http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no console address in the log:\n{log}"))
+        .to_string();
+    let console_backfill = || {
+        let (code, body) = http_get(&console, "/api/state");
+        assert_eq!(code, 200, "{body}");
+        let state: Value = serde_json::from_str(&body).unwrap();
+        state["backfills"][0].clone()
+    };
     let mut cli = Waltail::new(&db, &pipeline, "public.a");
     cli.env = run.env.clone();
     let state_dir = run.dir.path().join("waltail-state");
@@ -387,6 +401,10 @@ async fn backfill_can_be_cancelled() {
     })
     .await;
 
+    let shown = console_backfill();
+    assert_eq!(shown["table"], "public.a", "{shown}");
+    assert_eq!(shown["status"], "running", "{shown}");
+    assert_eq!(shown["estimate"], 200_000, "{shown}");
     let (status, stdout, stderr) = run.output(&["backfill", "--cancel"]);
     assert!(status.success(), "{stdout}{stderr}");
     assert!(stdout.contains("cancelled 1 backfill(s)"), "{stdout}");
@@ -394,6 +412,7 @@ async fn backfill_can_be_cancelled() {
     let out = cli.log();
     assert_eq!(status.code(), Some(1), "{out}");
     assert!(out.contains("public.a: cancelled"), "{out}");
+    assert_eq!(console_backfill()["status"], "cancelled");
 
     // Streaming goes on, and everything up to now gets confirmed.
     db.exec("INSERT INTO a VALUES (300001, 1, 'after')").await;

@@ -83,10 +83,27 @@ function renderState(s) {
   text('last_key', s.events.last_key || 'none yet');
   const parked = s.parked + ' parked, ' + s.held + ' held';
   text('parked_summary', s.parked + s.held > 0 ? parked : '');
+  renderBackfills(s.backfills || []);
   renderEvents('first', s.events.first, 'no changes captured yet');
   renderEvents('recent', s.events.recent, 'none beyond the first changes');
   const beyond = s.events.captured - s.events.first.length;
   text('recent_summary', beyond > 0 ? 'of ' + count(s.events.captured) + ' captured' : '');
+}
+
+const BACKFILL_CLASS = { done: 'ok', running: 'warn', pending: 'muted', failed: 'bad', cancelled: 'muted' };
+
+// Backfills in progress and the last few finished: shown only when there are any.
+function renderBackfills(backfills) {
+  $('backfills_section').hidden = backfills.length === 0;
+  const rows = backfills.map((b) => {
+    const share = b.estimate > 0 ? Math.min(100, Math.floor((100 * b.rows_read) / b.estimate)) + '%' : '-';
+    return row([
+      [b.table], [b.status, BACKFILL_CLASS[b.status] || ''], [count(b.rows_read), 'num'],
+      [count(b.estimate), 'num'], [share, 'num'], [count(b.rows_sent), 'num'],
+      [b.requested_at, 'mono'], [b.error, b.error ? 'bad' : ''],
+    ]);
+  });
+  $('backfills').replaceChildren(...rows);
 }
 
 // Parked rows are updated in place (keyed by id) rather than rebuilt, so a

@@ -349,10 +349,15 @@ impl Console {
                     .iter()
                     .filter(|p| p.status == ParkStatus::Held)
                     .count();
-                Ok((cp.cursor()?, parked.len() - held, held))
+                let backfills: Vec<_> = cp
+                    .recent_backfills(5)?
+                    .iter()
+                    .map(crate::checkpoint::Backfill::to_json)
+                    .collect();
+                Ok((cp.cursor()?, parked.len() - held, held, backfills))
             })
             .await;
-        let (cursor, parked, held) = match read {
+        let (cursor, parked, held, backfills) = match read {
             Ok(v) => v,
             Err(resp) => return resp,
         };
@@ -377,6 +382,7 @@ impl Console {
                 "slot_lag_warn_bytes": self.slot_lag_warn_bytes,
                 "slot_lag_warning": self.slot_lag_warn_bytes > 0 && lag > self.slot_lag_warn_bytes,
                 "events": JOURNAL.snapshot(),
+                "backfills": backfills,
             }),
         )
     }
