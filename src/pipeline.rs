@@ -779,6 +779,12 @@ impl Pipeline<'_> {
                 if let Some(w) = self.window.take() {
                     tracing::debug!(chunk = w.chunk, "backfill chunk given up");
                     self.hold_low(w.low_end, 0);
+                    if mark.mark == Mark::Abort {
+                        // `backfill --cancel` closed it: a task waiting for
+                        // this chunk must not wait for a high watermark the
+                        // stream will now ignore.
+                        self.report_chunk(w.chunk);
+                    }
                 }
                 if mark.mark == Mark::Abort {
                     // Passed: the backfill task may go on (see its driver).
