@@ -5,7 +5,8 @@
 #   2. `waltail backfill --yes` of the same table into SeaweedFS (no pipeline
 #      running, so it runs one itself: read in chunks between watermarks,
 #      store the chunk, render JSON, batch, PUT, confirm), twice: at the
-#      default batch_size (100 changes per object) and at BATCH (1000);
+#      default backfill.batch_size (1000 read events per object) and at
+#      BATCH (5000);
 # prints rows/s for each, the ratio to COPY and waltail's peak RSS.
 # Uses its own Postgres (port 55490) and SeaweedFS (ports 18700-18709), so it
 # can run beside the tests (not beside another benchmark); stops both by pid.
@@ -15,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROWS=${ROWS:-1000000}
-BATCH=${BATCH:-1000}
+BATCH=${BATCH:-5000}
 CHUNK=${CHUNK:-5000}
 base=${TMPDIR:-/tmp}
 export PG_ROOT=$base/waltail-bench-backfill-pg PG_PORT=55490
@@ -65,7 +66,7 @@ copy_rate=$(rate "$ROWS" "$copy_secs")
 backfill() {
   local log=$work/$1.log peak=$work/$1.peak
   t0=$(now)
-  WALTAIL_PIPELINE=$1 WALTAIL_DELIVERY_BATCH_SIZE=$2 \
+  WALTAIL_PIPELINE=$1 WALTAIL_BACKFILL_BATCH_SIZE=$2 \
     "$bin" backfill --yes --chunk-size "$CHUNK" >"$log" 2>&1 &
   wt=$!
   # VmHWM is gone once the process exits: sample it while it runs.
@@ -81,12 +82,12 @@ backfill() {
   grep -q "public.bench: done" "$log" || { cat "$log" >&2; exit 1; }
   echo "$secs $(awk '{printf "%.1f", $1/1024}' "$peak")"
 }
-read -r d_secs d_rss < <(backfill bench-default 100)
+read -r d_secs d_rss < <(backfill bench-default 1000)
 read -r b_secs b_rss < <(backfill bench-batch "$BATCH")
 d_rate=$(rate "$ROWS" "$d_secs"); b_rate=$(rate "$ROWS" "$b_secs")
 
 printf '\nbackfill of %s rows (%s on disk), chunks of %s rows, SeaweedFS on the same machine\n' "$ROWS" "$size" "$CHUNK"
 printf '%-44s %12s %8s %10s\n' "" "rows/s" "ratio" "peak RSS"
 printf '%-44s %12s %8s %10s\n' "COPY (SELECT * FROM bench) TO STDOUT" "$copy_rate" "1.00" "-"
-printf '%-44s %12s %8s %10s\n' "waltail backfill, batch_size 100 (default)" "$d_rate" "$(ratio "$d_rate" "$copy_rate")" "$d_rss MB"
-printf '%-44s %12s %8s %10s\n' "waltail backfill, batch_size $BATCH" "$b_rate" "$(ratio "$b_rate" "$copy_rate")" "$b_rss MB"
+printf '%-44s %12s %8s %10s\n' "waltail backfill, 1000 rows/object (default)" "$d_rate" "$(ratio "$d_rate" "$copy_rate")" "$d_rss MB"
+printf '%-44s %12s %8s %10s\n' "waltail backfill, $BATCH rows/object" "$b_rate" "$(ratio "$b_rate" "$copy_rate")" "$b_rss MB"
