@@ -44,6 +44,15 @@ pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 30_000;
 /// MB between confirmations), and low enough to be noticed hours before a
 /// busy server's disk or `max_slot_wal_keep_size` is at risk. 0 turns it off.
 pub const DEFAULT_SLOT_LAG_WARN_BYTES: u64 = 1 << 30;
+/// Parquet codec of `compact`: zstd compresses NDJSON-shaped data about as
+/// well as gzip at several times its speed, and every engine reads it.
+pub const DEFAULT_COMPACT_COMPRESSION: &str = "zstd";
+/// Rows per Parquet row group: the unit engines skip by statistics and the
+/// writer buffers before encoding, so it bounds compact's memory per table.
+pub const DEFAULT_COMPACT_ROW_GROUP_ROWS: usize = 131_072;
+/// NDJSON bytes compacted into one Parquet file at most (256 MiB): large
+/// enough that engines open few files, small enough to rewrite cheaply.
+pub const DEFAULT_COMPACT_FILE_BYTES: u64 = 256 << 20;
 pub const DEFAULT_ARCHIVE_DIR: &str = "./waltail-archive";
 pub const DEFAULT_STATE_DIR: &str = "./waltail-state";
 pub const DEFAULT_PIPELINE: &str = "waltail";
@@ -63,6 +72,39 @@ pub struct Config {
     /// `telemetry.slot_lag_warn_bytes`: slot lag that makes `run` warn and
     /// `status` and the console flag it; 0 = never.
     pub slot_lag_warn_bytes: u64,
+    /// The `[compact]` section.
+    pub compact: CompactConfig,
+}
+
+/// How `waltail compact` writes Parquet (`[compact]`).
+#[derive(Debug, Clone)]
+pub struct CompactConfig {
+    /// `compact.compression`: zstd, snappy, gzip or none.
+    pub compression: Compression,
+    /// `compact.row_group_rows`.
+    pub row_group_rows: usize,
+    /// `compact.file_bytes`: NDJSON input bytes per history file at most,
+    /// and the Parquet bytes per latest-view file at most.
+    pub file_bytes: u64,
+}
+
+impl Default for CompactConfig {
+    fn default() -> Self {
+        CompactConfig {
+            compression: Compression::Zstd,
+            row_group_rows: DEFAULT_COMPACT_ROW_GROUP_ROWS,
+            file_bytes: DEFAULT_COMPACT_FILE_BYTES,
+        }
+    }
+}
+
+/// A Parquet codec `compact` may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    Zstd,
+    Snappy,
+    Gzip,
+    None,
 }
 
 #[derive(Clone)]
@@ -310,6 +352,15 @@ struct RawConfig {
     destination: Option<RawDestination>,
     delivery: Option<RawDelivery>,
     telemetry: Option<RawTelemetry>,
+    compact: Option<RawCompact>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawCompact {
+    compression: Option<String>,
+    row_group_rows: Option<i64>,
+    file_bytes: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -392,6 +443,9 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("delivery", "request_timeout_ms", Kind::Int),
     ("telemetry", "listen", Kind::Str),
     ("telemetry", "slot_lag_warn_bytes", Kind::Int),
+    ("compact", "compression", Kind::Str),
+    ("compact", "row_group_rows", Kind::Int),
+    ("compact", "file_bytes", Kind::Int),
 ];
 
 /// `WALTAIL_*` variables that are not configuration keys.
@@ -794,7 +848,9 @@ fn validate(raw: RawConfig) -> Result<Config> {
             )));
         }
     };
+    let compact = compact(raw.compact.unwrap_or_default())?;
     Ok(Config {
+        compact,
         telemetry_listen,
         slot_lag_warn_bytes,
         pipeline,
@@ -809,6 +865,39 @@ fn validate(raw: RawConfig) -> Result<Config> {
         },
         destination,
         delivery,
+    })
+}
+
+fn compact(c: RawCompact) -> Result<CompactConfig> {
+    let compression = match c
+        .compression
+        .as_deref()
+        .unwrap_or(DEFAULT_COMPACT_COMPRESSION)
+    {
+        "zstd" => Compression::Zstd,
+        "snappy" => Compression::Snappy,
+        "gzip" => Compression::Gzip,
+        "none" => Compression::None,
+        other => {
+            return Err(Error::config(format!(
+                "compact.compression = {other:?}: use zstd, snappy, gzip or none"
+            )));
+        }
+    };
+    Ok(CompactConfig {
+        compression,
+        row_group_rows: positive(
+            "compact.row_group_rows",
+            c.row_group_rows,
+            DEFAULT_COMPACT_ROW_GROUP_ROWS as i64,
+            100_000_000,
+        )? as usize,
+        file_bytes: positive(
+            "compact.file_bytes",
+            c.file_bytes,
+            DEFAULT_COMPACT_FILE_BYTES as i64,
+            1 << 40,
+        )? as u64,
     })
 }
 
