@@ -385,6 +385,10 @@ async fn compacted_parquet_gives_duckdb_the_tables_and_every_change_across_runs(
     );
     let out = compact(&w, &[]);
     assert!(out.contains(&format!("{} changes", changes.len())), "{out}");
+    assert!(
+        out.contains("skipped"),
+        "the duplicate was read and dropped: {out}"
+    );
     let dir = tempfile::tempdir().unwrap();
     download(&prefix, dir.path()).await;
     for t in [&ORDERS, &CUSTOMERS, &DOCS] {
@@ -437,6 +441,10 @@ async fn compacted_parquet_gives_duckdb_the_tables_and_every_change_across_runs(
 
     let out = compact(&w, &[]);
     assert!(out.contains("compacted"), "{out}");
+    assert!(
+        out.contains("skipped"),
+        "the duplicate was read and dropped: {out}"
+    );
     let dir = tempfile::tempdir().unwrap();
     download(&prefix, dir.path()).await;
     for t in [&ORDERS, &CUSTOMERS_WITH_TIER, &DOCS] {

@@ -70,6 +70,10 @@ pub struct Plan {
     pub tables: Vec<String>,
     /// History files to write, in seq order.
     pub files: Vec<PlannedFile>,
+    /// Objects left out because every change in them is in another object
+    /// of the plan (the same batch written under two names).
+    #[serde(default)]
+    pub repeated: Vec<String>,
 }
 
 /// One history file per table: the changes of `objects` in `first..=last`.
@@ -143,26 +147,25 @@ impl Manifest {
 
 /// The objects a run takes: those continuing `next_seq` (or the archive's
 /// first seq) without a gap, grouped into history files of one date and at
-/// most `file_bytes` of NDJSON (or one object). Returns the files and, when
-/// a gap stopped the run, the first missing seq.
-pub fn plan_files(
-    objects: &[ArchiveObject],
-    next_seq: Option<u64>,
-    file_bytes: u64,
-) -> (Vec<PlannedFile>, Option<u64>) {
-    let Some(mut cursor) = next_seq.or_else(|| objects.iter().map(|o| o.first_seq).min()) else {
-        return (Vec::new(), None);
+/// most `file_bytes` of NDJSON (or one object).
+pub fn plan_files(objects: &[ArchiveObject], next_seq: Option<u64>, file_bytes: u64) -> Planned {
+    let mut planned = Planned::default();
+    let Some(start) = next_seq.or_else(|| objects.iter().map(|o| o.first_seq).min()) else {
+        return planned;
     };
-    let mut files: Vec<PlannedFile> = Vec::new();
+    let mut cursor = start;
+    let files = &mut planned.files;
     let mut size = 0u64;
-    let mut gap = None;
     // `objects` is sorted by first seq.
     for o in objects {
         if o.last_seq < cursor {
-            continue; // compacted already, or a duplicate of a taken object
+            if o.last_seq >= start {
+                planned.repeated.push(o.key.clone());
+            }
+            continue; // compacted already, or a repeat of a taken object
         }
         if o.first_seq > cursor {
-            gap = Some(cursor);
+            planned.gap = Some(cursor);
             break;
         }
         let planned = PlannedObject {
@@ -188,7 +191,17 @@ pub fn plan_files(
         }
         cursor = o.last_seq + 1;
     }
-    (files, gap)
+    planned
+}
+
+/// What [`plan_files`] found.
+#[derive(Debug, Default)]
+pub struct Planned {
+    pub files: Vec<PlannedFile>,
+    /// The first missing seq, when a gap stopped the plan.
+    pub gap: Option<u64>,
+    /// Objects whose changes are all in objects taken before them.
+    pub repeated: Vec<String>,
 }
 
 #[cfg(test)]
@@ -214,13 +227,14 @@ mod tests {
             obj("2024-01-02", 31, 40, 40),
             obj("2024-01-02", 51, 60, 40),
         ];
-        let (files, gap) = plan_files(&objects, None, 100);
-        let ranges: Vec<_> = files.iter().map(|f| (f.first_seq, f.last_seq)).collect();
+        let p = plan_files(&objects, None, 100);
+        let ranges: Vec<_> = p.files.iter().map(|f| (f.first_seq, f.last_seq)).collect();
         assert_eq!(ranges, [(1, 20), (21, 30), (31, 40)]);
-        assert_eq!(gap, Some(41));
-        let (files, gap) = plan_files(&objects, Some(41), 100);
-        assert!(files.is_empty());
-        assert_eq!(gap, Some(41));
+        assert_eq!(p.gap, Some(41));
+        let p = plan_files(&objects, Some(41), 100);
+        assert!(p.files.is_empty());
+        assert_eq!(p.gap, Some(41));
+        assert!(p.repeated.is_empty(), "compacted before is not a repeat");
     }
 
     #[test]
@@ -231,9 +245,10 @@ mod tests {
             obj("2024-01-01", 5, 14, 1),
             obj("2024-01-01", 15, 20, 1),
         ];
-        let (files, gap) = plan_files(&objects, Some(3), 1000);
-        assert_eq!(gap, None);
-        let f = &files[0];
+        let p = plan_files(&objects, Some(3), 1000);
+        assert_eq!(p.gap, None);
+        assert_eq!(p.repeated, [objects[1].key.clone()]);
+        let f = &p.files[0];
         assert_eq!((f.first_seq, f.last_seq), (3, 20));
         let from: Vec<u64> = f.objects.iter().map(|o| o.from_seq).collect();
         assert_eq!(from, [3, 11, 15]);

@@ -61,6 +61,11 @@ pub struct Summary {
     pub bytes_in: u64,
     pub seqs: Option<(u64, u64)>,
     pub changes: u64,
+    /// Changes skipped because their seq was already compacted (an object
+    /// written twice under different names).
+    pub repeats: u64,
+    /// Objects left out because another object holds all their changes.
+    pub repeated_objects: usize,
     pub history_files: usize,
     pub history_bytes: u64,
     pub latest_files: usize,
@@ -103,8 +108,9 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
                 .map(|t| manifest.tables.get(t).map(|e| e.next_seq))
                 .collect::<Option<Vec<u64>>>()
                 .and_then(|starts| starts.into_iter().min());
-            let (files, gap) = plan_files(&objects, from, config.compact.file_bytes);
-            summary.gap = gap;
+            let planned = plan_files(&objects, from, config.compact.file_bytes);
+            summary.gap = planned.gap;
+            let files = planned.files;
             let (Some(first), Some(last)) = (files.first(), files.last()) else {
                 summary.elapsed = started.elapsed();
                 return Ok(summary);
@@ -115,6 +121,7 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
                 to_seq: last.last_seq,
                 tables: tables.into_iter().collect(),
                 files,
+                repeated: planned.repeated,
             }
         }
     };
@@ -128,6 +135,7 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
         .map(|o| o.size)
         .sum();
     summary.tables = plan.tables.iter().cloned().collect();
+    summary.repeated_objects = plan.repeated.len();
     if opts.dry_run {
         summary.elapsed = started.elapsed();
         return Ok(summary);
@@ -165,7 +173,9 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
                 };
                 let env: Envelope = serde_json::from_slice(line).map_err(|e| bad(e.to_string()))?;
                 if env.seq < object.from_seq {
-                    continue; // a repeat of a change compacted from an earlier object
+                    // A repeat of a change compacted from an earlier object.
+                    summary.repeats += 1;
+                    continue;
                 }
                 let Some(shape) = shapes.get(&env.table) else {
                     continue; // a table not compacted in this run
@@ -420,6 +430,12 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
             s.latest_rows,
             human_bytes(s.latest_bytes)
         ));
+        if s.repeats > 0 || s.repeated_objects > 0 {
+            out.push_str(&format!(
+                "  skipped {} objects and {} changes repeating others (the same changes under another name)\n",
+                s.repeated_objects, s.repeats
+            ));
+        }
         out.push_str(&format!(
             "  {:.0} changes/s, {} in -> {} out\n",
             s.changes as f64 / s.elapsed.as_secs_f64().max(1e-3),
@@ -443,5 +459,80 @@ fn human_bytes(n: u64) -> String {
         format!("{n} B")
     } else {
         format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::typing::{Column, Kind, RecordColumn, SchemaRecord};
+    use super::*;
+
+    fn record(version: u32, columns: &[(&str, u32, bool)]) -> SchemaRecord {
+        SchemaRecord {
+            table: "public.t".into(),
+            version,
+            columns: columns
+                .iter()
+                .map(|(name, oid, key)| RecordColumn {
+                    name: name.to_string(),
+                    type_name: String::new(),
+                    type_oid: *oid,
+                    type_modifier: -1,
+                    key: *key,
+                })
+                .collect(),
+            replica_identity: "default".into(),
+        }
+    }
+
+    fn compacted(kind: Kind) -> Manifest {
+        let mut m = Manifest::default();
+        m.tables.insert(
+            "public.t".into(),
+            manifest::TableEntry {
+                columns: vec![Column {
+                    name: "v".into(),
+                    kind,
+                }],
+                ..Default::default()
+            },
+        );
+        m
+    }
+
+    #[test]
+    fn a_later_shape_adds_columns_and_widens_types() {
+        let schemas = BTreeMap::from([(
+            "public.t".to_string(),
+            vec![
+                record(2, &[("id", 20, true), ("v", 20, false), ("w", 25, false)]),
+                record(1, &[("id", 20, true), ("v", 23, false)]),
+            ],
+        )]);
+        let shapes = shapes(&schemas, &["public.t".into()], &compacted(Kind::Int32)).unwrap();
+        let shape = &shapes["public.t"];
+        let names: Vec<(&str, Kind)> = shape
+            .columns
+            .iter()
+            .map(|c| (c.name.as_str(), c.kind))
+            .collect();
+        assert_eq!(
+            names,
+            [("id", Kind::Int64), ("v", Kind::Int64), ("w", Kind::Text)]
+        );
+        assert_eq!(shape.key, [0]);
+    }
+
+    #[test]
+    fn a_type_change_compacted_files_cannot_hold_is_an_error_with_the_fix() {
+        let schemas = BTreeMap::from([(
+            "public.t".to_string(),
+            vec![record(1, &[("id", 20, true), ("v", 25, false)])],
+        )]);
+        let err = shapes(&schemas, &["public.t".into()], &compacted(Kind::Int64)).unwrap_err();
+        assert!(err.to_string().contains("public.t.v"), "{err}");
+        let hint = err.hint().unwrap();
+        assert!(hint.contains("latest/public/t/"), "{hint}");
+        assert!(hint.contains("waltail compact public.t"), "{hint}");
     }
 }
