@@ -456,6 +456,10 @@ async fn compacted_parquet_gives_duckdb_the_tables_and_every_change_across_runs(
         .unwrap()
         .count();
     assert_eq!(latest_files, 1);
+    assert!(
+        !dir.path().join("_waltail/compaction/staging").exists(),
+        "staged latest-view files are moved into latest/"
+    );
 
     // Run 3: nothing new, nothing written.
     let before = listing(admin_store().as_ref(), &prefix).await;

@@ -25,6 +25,7 @@ use object_store::ObjectStore;
 use parquet::file::properties::WriterProperties;
 
 use super::history::{ParquetFile, table_dir};
+use super::manifest::Move;
 use super::read::{ChangeOp, TypedChange};
 use super::session::table_url;
 use super::typing::{Cell, TableShape, build_array, read_cells};
@@ -207,18 +208,22 @@ impl LatestView {
         self.rows.is_empty()
     }
 
-    /// Writes the view as generation `generation`, rows ordered by key, in
-    /// files of about `file_bytes` at most; returns (keys, bytes).
+    /// Writes the view as generation `generation` into `staging` (a folder
+    /// readers of `latest/` do not see), rows ordered by key, in files of
+    /// about `file_bytes` at most; returns where each file goes once the
+    /// manifest points at it (see [`super::publish`]) and the bytes written.
     pub async fn write(
         &self,
         store: &Arc<dyn ObjectStore>,
         prefix: Option<&str>,
+        staging: &str,
         generation: u64,
         props: &WriterProperties,
         file_bytes: u64,
-    ) -> Result<(Vec<String>, u64)> {
+    ) -> Result<(Vec<Move>, u64)> {
         let schema = latest_schema(&self.shape);
-        let dir = table_dir(prefix, "latest", &self.shape);
+        let dir = table_dir(prefix, staging, &self.shape);
+        let final_dir = table_dir(prefix, "latest", &self.shape);
         let mut keys: Vec<&Box<str>> = self.rows.keys().collect();
         keys.sort_unstable();
         let mut written = Vec::new();
@@ -276,7 +281,17 @@ impl LatestView {
         };
         written.push(f.key.clone());
         bytes += f.finish().await?;
-        Ok((written, bytes))
+        let moves = written
+            .into_iter()
+            .map(|from| Move {
+                to: format!(
+                    "{final_dir}/{}",
+                    from.rsplit('/').next().expect("a file name")
+                ),
+                from,
+            })
+            .collect();
+        Ok((moves, bytes))
     }
 }
 

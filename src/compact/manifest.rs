@@ -13,7 +13,10 @@
 //!   are fixed before any of it is written; a run that is interrupted is
 //!   resumed from its plan by the next one and writes the same names again;
 //! - the manifest is replaced (one PUT, atomic) only once every file of the
-//!   plan is written; then the previous latest generation is deleted.
+//!   plan is written; the latest view's new generation is written to a
+//!   staging folder first and moved into `latest/` after that PUT (then the
+//!   previous generation is deleted), so an interrupted run never leaves two
+//!   generations side by side there: at most for the moment of the move.
 
 use std::collections::BTreeMap;
 
@@ -40,6 +43,17 @@ pub struct Manifest {
     pub tables: BTreeMap<String, TableEntry>,
     /// A run that has started and not committed.
     pub pending: Option<Plan>,
+    /// Latest-view files of the committed generation still to be moved from
+    /// staging into `latest/` (a run stopped while publishing them).
+    #[serde(default)]
+    pub publish: Vec<Move>,
+}
+
+/// A staged file and its final key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Move {
+    pub from: String,
+    pub to: String,
 }
 
 /// One compacted table.

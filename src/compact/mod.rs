@@ -30,9 +30,10 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::TryStreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
 
 use self::history::HistoryFile;
 use self::latest::LatestView;
@@ -91,6 +92,10 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
     let store = Arc::clone(sink.store());
     let prefix = sink.prefix();
     let mut manifest = Manifest::load(store.as_ref(), prefix).await?;
+    if !opts.dry_run {
+        // A run that stopped while publishing its latest view: finish that first.
+        publish(store.as_ref(), prefix, &mut manifest).await?;
+    }
     let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
 
     let mut summary = Summary::default();
@@ -241,7 +246,8 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
             views.insert(table.clone(), LatestView::empty(Arc::clone(&shapes[table])));
         }
     }
-    let mut replaced: Vec<String> = Vec::new();
+    let staging = format!("{STAGING}/{:08}", plan.generation);
+    let mut moves = Vec::new();
     for (table, view) in &views {
         if view.shape.key.is_empty() {
             continue; // no key (REPLICA IDENTITY NOTHING): a history only
@@ -250,18 +256,19 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
             .write(
                 &store,
                 prefix,
+                &staging,
                 plan.generation,
                 &props,
                 config.compact.file_bytes,
             )
             .await?;
         let entry = manifest.tables.entry(table.clone()).or_default();
-        replaced.extend(entry.latest.iter().filter(|k| !files.contains(k)).cloned());
         summary.latest_files += files.len();
         summary.latest_rows += view.len() as u64;
         summary.latest_bytes += bytes;
-        entry.latest = files;
+        entry.latest = files.iter().map(|m| m.to.clone()).collect();
         entry.latest_rows = view.len() as u64;
+        moves.extend(files);
     }
     for table in &plan.tables {
         let entry = manifest.tables.entry(table.clone()).or_default();
@@ -270,19 +277,81 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
     }
     manifest.generation = plan.generation;
     manifest.pending = None;
+    manifest.publish = moves;
     manifest.store(store.as_ref(), prefix).await?;
-
-    // Only now are the previous generation's files unreferenced.
-    for key in replaced {
-        match store.delete(&ObjectPath::from(key.as_str())).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => {
-                tracing::warn!(%key, error = %e, "could not delete a replaced latest-view file; delete it by hand")
-            }
-        }
-    }
+    publish(store.as_ref(), prefix, &mut manifest).await?;
     summary.elapsed = started.elapsed();
     Ok(summary)
+}
+
+/// Where a run writes its latest-view files before they are published.
+const STAGING: &str = "_waltail/compaction/staging";
+
+/// Moves the committed generation's latest-view files from staging into
+/// `latest/`, then deletes every other file there (the previous generation,
+/// or what a run stopped before its commit left) and the staged copies.
+/// Copy before delete: for the moment in between a reader globbing
+/// `latest/` may see both generations, never none. Idempotent, so a run
+/// stopped half-way through is finished by the next one.
+async fn publish(
+    store: &dyn ObjectStore,
+    prefix: Option<&str>,
+    manifest: &mut Manifest,
+) -> Result<()> {
+    if manifest.publish.is_empty() {
+        return Ok(());
+    }
+    for m in &manifest.publish {
+        let (from, to) = (
+            ObjectPath::from(m.from.as_str()),
+            ObjectPath::from(m.to.as_str()),
+        );
+        match store.copy(&from, &to).await {
+            Ok(()) => {}
+            // Moved by a run that stopped before recording it.
+            Err(object_store::Error::NotFound { .. }) if store.head(&to).await.is_ok() => {}
+            Err(e) => return Err(Error::store("COPY", m.from.clone(), e)),
+        }
+    }
+    let current: BTreeSet<&str> = manifest
+        .tables
+        .values()
+        .flat_map(|e| e.latest.iter().map(String::as_str))
+        .collect();
+    let dirs: BTreeSet<&str> = manifest
+        .publish
+        .iter()
+        .filter_map(|m| m.to.rsplit_once('/').map(|(dir, _)| dir))
+        .collect();
+    let mut stale = Vec::new();
+    for dir in dirs {
+        let dir = ObjectPath::from(dir);
+        let metas: Vec<_> = store
+            .list(Some(&dir))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("LIST", dir.to_string(), e))?;
+        stale.extend(
+            metas
+                .into_iter()
+                .map(|m| m.location)
+                .filter(|p| !current.contains(p.as_ref())),
+        );
+    }
+    stale.extend(
+        manifest
+            .publish
+            .iter()
+            .map(|m| ObjectPath::from(m.from.as_str())),
+    );
+    for path in stale {
+        match store.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(Error::store("DELETE", path.to_string(), e)),
+        }
+    }
+    manifest.publish.clear();
+    manifest.store(store, prefix).await
 }
 
 /// The first seq `table` still needs (0 when it was never compacted). While
