@@ -6,6 +6,8 @@
 #   - SeaweedFS S3 with an admin and a PutObject-only identity (port 8333)
 #   - a headless-capable Chromium for the console test (installed if missing,
 #     see chromium.sh; `down` leaves it installed)
+#   - DuckDB's Python package, which the compact test reads Parquet with
+#     (installed in a venv if missing, see duckdb.sh)
 # Usage: eval "$(scripts/services.sh up)"; ...; scripts/services.sh down
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -21,6 +23,7 @@ case "${1:-}" in
       echo "warning: no Chromium: the console test (tests/console.rs) will fail" >&2
       chromium=
     }
+    duckdb_python=$("$here/duckdb.sh")
     cat <<ENV
 export WT_TEST_PG='$pg'
 export WT_TEST_PG_REPLICA='$pg_replica'
@@ -32,6 +35,7 @@ export WT_TEST_S3_PUT_KEY='waltail-put-only-key'
 export WT_TEST_S3_PUT_SECRET='waltail-put-only-secret'
 export WT_TEST_S3_ROOT='$base/waltail-s3'
 export WT_TEST_CHROMIUM='$chromium'
+export WT_TEST_DUCKDB_PYTHON='$duckdb_python'
 ENV
     ;;
   down)

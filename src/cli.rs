@@ -65,6 +65,16 @@ pub enum Command {
         #[arg(long, conflicts_with_all = ["tables", "yes"])]
         cancel: bool,
     },
+    /// Rewrite the archive as typed Parquet: every change per table and date,
+    /// and a latest-row view per table (incremental, exactly once)
+    Compact {
+        /// Tables to compact, as schema.table [default: every table in the archive]
+        #[arg(value_name = "TABLE")]
+        tables: Vec<String>,
+        /// Show what would be compacted, write nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Where the pipeline stands: position, lag, rate, parked batches
     Status {
         /// One JSON object instead of text
@@ -121,10 +131,12 @@ pub fn main() -> ExitCode {
         }
         _ => {}
     }
-    // A backfill on a terminal draws a progress bar; routine log lines
+    // A backfill or a compaction on a terminal draws a progress bar; routine log lines
     // would break it, so only warnings show there unless WALTAIL_LOG says.
-    let quiet = matches!(cli.command, Command::Backfill { .. })
-        && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let quiet = matches!(
+        cli.command,
+        Command::Backfill { .. } | Command::Compact { .. }
+    ) && std::io::IsTerminal::is_terminal(&std::io::stderr());
     telemetry::init_logging(cli.log_format, if quiet { "warn" } else { "info" });
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
@@ -164,6 +176,12 @@ pub fn main() -> ExitCode {
                 crate::source::backfill::command::backfill(&config, opts, stop).await
             }
             Command::Status { json } => crate::status::status(&config, json).await,
+            Command::Compact { tables, dry_run } => {
+                let opts = crate::compact::Options { dry_run, tables };
+                crate::compact::command(&config, &opts)
+                    .await
+                    .map(|()| ExitCode::SUCCESS)
+            }
             Command::Completions { .. } | Command::Man => {
                 unreachable!("handled before loading the configuration")
             }

@@ -49,6 +49,15 @@ pub const DEFAULT_BACKFILL_CHUNK_SIZE: u64 = 5000;
 /// `read` events per object: bulk rows, so larger objects than streamed
 /// changes' (a 100-million-row table is 100,000 objects, not a million).
 pub const DEFAULT_BACKFILL_BATCH_SIZE: usize = 1000;
+/// Parquet codec of `compact`: zstd compresses NDJSON-shaped data about as
+/// well as gzip at several times its speed, and every engine reads it.
+pub const DEFAULT_COMPACT_COMPRESSION: &str = "zstd";
+/// Rows per Parquet row group: the unit engines skip by statistics and the
+/// writer buffers before encoding, so it bounds compact's memory per table.
+pub const DEFAULT_COMPACT_ROW_GROUP_ROWS: usize = 131_072;
+/// NDJSON bytes compacted into one Parquet file at most (256 MiB): large
+/// enough that engines open few files, small enough to rewrite cheaply.
+pub const DEFAULT_COMPACT_FILE_BYTES: u64 = 256 << 20;
 /// Where the archive goes when no `[destination]` is configured.
 pub const DEFAULT_ARCHIVE_DIR: &str = "./waltail-archive";
 pub const DEFAULT_STATE_DIR: &str = "./waltail-state";
@@ -70,6 +79,8 @@ pub struct Config {
     /// `status` and the console flag it; 0 = never.
     pub slot_lag_warn_bytes: u64,
     pub backfill: BackfillConfig,
+    /// The `[compact]` section.
+    pub compact: CompactConfig,
 }
 
 /// `[backfill]`: how existing rows are read and archived.
@@ -79,6 +90,37 @@ pub struct BackfillConfig {
     pub chunk_size: u64,
     /// `read` events per object, while a batch holds only those.
     pub batch_size: usize,
+}
+
+/// How `waltail compact` writes Parquet (`[compact]`).
+#[derive(Debug, Clone)]
+pub struct CompactConfig {
+    /// `compact.compression`: zstd, snappy, gzip or none.
+    pub compression: Compression,
+    /// `compact.row_group_rows`.
+    pub row_group_rows: usize,
+    /// `compact.file_bytes`: NDJSON input bytes per history file at most,
+    /// and the Parquet bytes per latest-view file at most.
+    pub file_bytes: u64,
+}
+
+impl Default for CompactConfig {
+    fn default() -> Self {
+        CompactConfig {
+            compression: Compression::Zstd,
+            row_group_rows: DEFAULT_COMPACT_ROW_GROUP_ROWS,
+            file_bytes: DEFAULT_COMPACT_FILE_BYTES,
+        }
+    }
+}
+
+/// A Parquet codec `compact` may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    Zstd,
+    Snappy,
+    Gzip,
+    None,
 }
 
 #[derive(Clone)]
@@ -327,6 +369,7 @@ struct RawConfig {
     delivery: Option<RawDelivery>,
     telemetry: Option<RawTelemetry>,
     backfill: Option<RawBackfill>,
+    compact: Option<RawCompact>,
 }
 
 #[derive(Deserialize, Default)]
@@ -334,6 +377,14 @@ struct RawConfig {
 struct RawBackfill {
     chunk_size: Option<i64>,
     batch_size: Option<i64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawCompact {
+    compression: Option<String>,
+    row_group_rows: Option<i64>,
+    file_bytes: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -418,6 +469,9 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("telemetry", "slot_lag_warn_bytes", Kind::Int),
     ("backfill", "chunk_size", Kind::Int),
     ("backfill", "batch_size", Kind::Int),
+    ("compact", "compression", Kind::Str),
+    ("compact", "row_group_rows", Kind::Int),
+    ("compact", "file_bytes", Kind::Int),
 ];
 
 /// `WALTAIL_*` variables that are not configuration keys.
@@ -835,7 +889,9 @@ fn validate(raw: RawConfig) -> Result<Config> {
             1_000_000,
         )? as usize,
     };
+    let compact = compact(raw.compact.unwrap_or_default())?;
     Ok(Config {
+        compact,
         telemetry_listen,
         slot_lag_warn_bytes,
         backfill,
@@ -851,6 +907,39 @@ fn validate(raw: RawConfig) -> Result<Config> {
         },
         destination,
         delivery,
+    })
+}
+
+fn compact(c: RawCompact) -> Result<CompactConfig> {
+    let compression = match c
+        .compression
+        .as_deref()
+        .unwrap_or(DEFAULT_COMPACT_COMPRESSION)
+    {
+        "zstd" => Compression::Zstd,
+        "snappy" => Compression::Snappy,
+        "gzip" => Compression::Gzip,
+        "none" => Compression::None,
+        other => {
+            return Err(Error::config(format!(
+                "compact.compression = {other:?}: use zstd, snappy, gzip or none"
+            )));
+        }
+    };
+    Ok(CompactConfig {
+        compression,
+        row_group_rows: positive(
+            "compact.row_group_rows",
+            c.row_group_rows,
+            DEFAULT_COMPACT_ROW_GROUP_ROWS as i64,
+            100_000_000,
+        )? as usize,
+        file_bytes: positive(
+            "compact.file_bytes",
+            c.file_bytes,
+            DEFAULT_COMPACT_FILE_BYTES as i64,
+            1 << 40,
+        )? as u64,
     })
 }
 

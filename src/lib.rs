@@ -8,6 +8,8 @@
 //! Postgres --replication (pgoutput)--> source --> Change --> envelope (seq, key)
 //!     --> batch (size, linger) --> delivery (in-flight limit, rate, retry,
 //!     per-row order) --> sink (object_store PUT) --> checkpoint (confirm LSN)
+//!
+//! archive --> compact (typed Parquet: history per table and date, latest-row views)
 //! ```
 //!
 //! [`pipeline`] wires them and holds the guarantees that span stages: no
@@ -18,6 +20,7 @@
 pub mod batch;
 pub mod checkpoint;
 pub mod cli;
+pub mod compact;
 pub mod config;
 pub mod console;
 pub mod delivery;

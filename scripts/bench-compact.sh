@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# `waltail compact` against DuckDB's COPY of the same NDJSON to Parquet, in
+# one run, on one machine:
+#   1. generates an archive of 5,000,000 changes over 1,000,000 keys of one
+#      table (inserts, updates, some leaving a column out as unchanged TOAST
+#      does, deletes, re-inserts) directly as files, twice: in objects of 100
+#      and of 10,000 lines, with its schema record (no Postgres needed);
+#   2. for each: `waltail compact` (typed history + latest view, zstd) into
+#      the local folder, then DuckDB `COPY (SELECT * FROM read_ndjson_auto(...))
+#      TO ... (FORMAT parquet, COMPRESSION zstd)` of the same files;
+#   3. prints changes/s, peak RSS (GNU time's maximum resident set size) and
+#      the ratio.
+# Needs no service and no port (the archive is a local folder), so it can run
+# beside the tests; uses DuckDB from PyPI (scripts/duckdb.sh).
+# Usage: scripts/bench-compact.sh                     (release build; several minutes)
+#        SCALE=0.05 scripts/bench-compact.sh          (quick check)
+#        BENCH_BIN=path/to/waltail scripts/bench-compact.sh   (that binary, no build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SCALE=${SCALE:-1}
+scaled() { awk -v n="$1" -v s="$SCALE" 'BEGIN { v = int(n * s); print (v < 1 ? 1 : v) }'; }
+CHANGES=$(scaled 5000000)
+KEYS=$(scaled 1000000)
+work=$(mktemp -d "${TMPDIR:-/tmp}/waltail-bench-compact.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+python=$(scripts/duckdb.sh)
+if [ -n "${BENCH_BIN:-}" ]; then
+  bin=$BENCH_BIN
+else
+  cargo build --release --quiet
+  bin=${CARGO_TARGET_DIR:-target}/release/waltail
+fi
+
+echo "generating $CHANGES changes over $KEYS keys ..." >&2
+"$python" - "$work" "$CHANGES" "$KEYS" <<'PY'
+import json, os, random, sys
+work, n, keys = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rnd = random.Random(42)
+schema = {"table": "public.bench", "version": 1, "columns": [
+    {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": True},
+    {"name": "account", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": False},
+    {"name": "amount", "type": "numeric(12,2)", "type_oid": 1700, "type_modifier": ((12 << 16) | 2) + 4, "key": False},
+    {"name": "status", "type": "text", "type_oid": 25, "type_modifier": -1, "key": False},
+    {"name": "note", "type": "text", "type_oid": 25, "type_modifier": -1, "key": False},
+    {"name": "updated_at", "type": "timestamp with time zone", "type_oid": 1184, "type_modifier": -1, "key": False}],
+    "replica_identity": "default"}
+outs = {}
+for lines in (100, 10000):
+    root = os.path.join(work, f"archive-{lines}")
+    os.makedirs(os.path.join(root, "_schemas", "public.bench"))
+    with open(os.path.join(root, "_schemas", "public.bench", "1.json"), "w") as f:
+        f.write(json.dumps(schema, separators=(",", ":")) + "\n")
+    outs[lines] = root
+alive = bytearray(keys + 1)
+buffers = {lines: [] for lines in outs}
+first = {lines: 1 for lines in outs}
+days = 5
+def flush(lines, last, day):
+    root = outs[lines]
+    d = os.path.join(root, "2026", "11", f"{day + 1:02d}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"bench-{first[lines]}-{last}.ndjson"), "w") as f:
+        f.write("".join(buffers[lines]))
+    buffers[lines] = []
+    first[lines] = last + 1
+for seq in range(1, n + 1):
+    day = (seq - 1) * days // n
+    k = seq if seq <= keys else rnd.randint(1, keys)
+    ts = f"2026-11-{day + 1:02d}T{(seq // 3600) % 24:02d}:{(seq // 60) % 60:02d}:{seq % 60:02d}.{seq % 1000000:06d}+00:00"
+    row = f'"id":{k},"account":{k % 9973},"amount":{rnd.randint(0, 9999999) / 100:.2f},"status":"s{seq % 7}"'
+    note = f',"note":"note {k} {seq % 13}"'
+    if not alive[k]:
+        op, data, old = "insert", "{" + row + note + f',"updated_at":"{ts}"' + "}", "null"
+        alive[k] = 1
+    elif rnd.random() < 0.12:
+        op, data, old = "delete", "null", f'{{"id":{k}}}'
+        alive[k] = 0
+    else:
+        # One update in ten leaves `note` out, as Postgres does for an unchanged TOASTed value.
+        op, data, old = "update", "{" + row + ("" if rnd.random() < 0.1 else note) + f',"updated_at":"{ts}"' + "}", "null"
+    lsn = f"{seq >> 20:X}/{(seq * 64) & 0xFFFFFFFF:X}"
+    line = f'{{"op":"{op}","table":"public.bench","data":{data},"old":{old},"seq":{seq},"idempotency_key":"{seq:08x}-0000-5000-8000-000000000000","commit_lsn":"{lsn}"}}\n'
+    for lines in outs:
+        buffers[lines].append(line)
+        if len(buffers[lines]) == lines or seq == n or (seq * days // n) != day:
+            flush(lines, seq, day)
+PY
+
+# Prints "<seconds> <peak RSS KiB>" for a command.
+measure() {
+  /usr/bin/time -f "%e %M" -o "$work/time" "$@" >"$work/out" 2>"$work/err" || {
+    cat "$work/out" "$work/err" >&2; exit 1; }
+  cat "$work/time"
+}
+printf '%-22s %10s %12s %12s %10s\n' "archive" "engine" "seconds" "changes/s" "peak RSS"
+for lines in 100 10000; do
+  root=$work/archive-$lines
+  size=$(du -sh "$root" | cut -f1)
+  read -r wt_s wt_kb < <(
+    WALTAIL_PIPELINE=bench WALTAIL_SOURCE_URL=postgres://bench@127.0.0.1:1/bench \
+    WALTAIL_SOURCE_TABLES=public.bench WALTAIL_DESTINATION_TYPE=file \
+    WALTAIL_DESTINATION_PATH="$root" WALTAIL_STATE_DIR="$work/state" \
+    measure "$bin" compact)
+  grep -q "compacted" "$work/out" || { cat "$work/out" >&2; exit 1; }
+  read -r dk_s dk_kb < <(measure "$python" -c "
+import duckdb, sys
+duckdb.sql(\"COPY (SELECT * FROM read_ndjson_auto('$root/2026/*/*/*.ndjson')) TO '$work/duck-$lines.parquet' (FORMAT parquet, COMPRESSION zstd)\")
+")
+  label="$lines lines/object ($size)"
+  awk -v l="$label" -v n="$CHANGES" -v s="$wt_s" -v k="$wt_kb" 'BEGIN { printf "%-22s %10s %12.2f %12.0f %8.0f MB\n", l, "waltail", s, n / (s > 0 ? s : 0.01), k / 1024 }'
+  awk -v n="$CHANGES" -v s="$dk_s" -v k="$dk_kb" 'BEGIN { printf "%-22s %10s %12.2f %12.0f %8.0f MB\n", "", "duckdb", s, n / (s > 0 ? s : 0.01), k / 1024 }'
+  awk -v a="$wt_s" -v b="$dk_s" 'BEGIN { printf "%-22s %10s %12s waltail takes %.2fx DuckDB'"'"'s time\n", "", "ratio", "", (b > 0 ? a / b : 0) }'
+done

@@ -1,0 +1,607 @@
+//! `waltail compact`: the NDJSON archive rewritten as typed, partitioned
+//! Parquet that DuckDB, Athena, Spark and Trino read directly: a history of
+//! every change and a latest-row view per table, incrementally and exactly
+//! once.
+//!
+//! The stages, one file each, in the order a run goes through them:
+//!
+//! ```text
+//! listing (archive objects, schema records) --> manifest (plan: what is new,
+//!     grouped into files; stored before anything is written)
+//!     --> read (NDJSON lines -> typed changes, typing: records -> Arrow)
+//!     --> history (Parquet per table and date)  +  latest (merge, new generation)
+//!     --> manifest (commit: one PUT) --> delete the previous generation
+//! ```
+//!
+//! See [`manifest`] for why a rerun writes nothing new, why an interrupted
+//! run is completed by the next one under the same names, and why no change
+//! is compacted twice.
+
+pub mod history;
+pub mod latest;
+pub mod listing;
+pub mod manifest;
+pub mod read;
+pub mod session;
+pub mod typing;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::TryStreamExt;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+use self::history::HistoryFile;
+use self::latest::LatestView;
+use self::manifest::{Manifest, Plan, plan_files};
+use self::read::Envelope;
+use self::typing::TableShape;
+use crate::config::Config;
+use crate::sink::Sink;
+use crate::{Error, Result};
+
+/// What to compact.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Only list what a run would do.
+    pub dry_run: bool,
+    /// `schema.table` names; all tables with schema records when empty.
+    pub tables: Vec<String>,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    /// Whether the run completed an interrupted one.
+    pub resumed: bool,
+    pub objects: usize,
+    pub bytes_in: u64,
+    pub seqs: Option<(u64, u64)>,
+    pub changes: u64,
+    /// Changes skipped because their seq was already compacted (an object
+    /// written twice under different names).
+    pub repeats: u64,
+    /// Objects left out because another object holds all their changes.
+    pub repeated_objects: usize,
+    pub history_files: usize,
+    pub history_bytes: u64,
+    pub latest_files: usize,
+    pub latest_rows: u64,
+    pub latest_bytes: u64,
+    pub tables: BTreeSet<String>,
+    /// The first seq not in the archive when a gap stopped the run.
+    pub gap: Option<u64>,
+    pub elapsed: Duration,
+}
+
+/// Runs `waltail compact` and prints its plan (dry run) or its summary.
+pub async fn command(config: &Config, opts: &Options) -> Result<()> {
+    let summary = compact(config, opts).await?;
+    print!("{}", render(&summary, opts.dry_run));
+    Ok(())
+}
+
+/// Compacts what is new in the archive (see the module doc).
+pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
+    let started = Instant::now();
+    let sink = Sink::new(&config.destination, config.delivery.request_timeout)?;
+    let store = Arc::clone(sink.store());
+    let prefix = sink.prefix();
+    let mut manifest = Manifest::load(store.as_ref(), prefix).await?;
+    if !opts.dry_run {
+        // A run that stopped while publishing its latest view: finish that first.
+        publish(store.as_ref(), prefix, &mut manifest).await?;
+    }
+    let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
+
+    let mut summary = Summary::default();
+    let plan = match manifest.pending.clone() {
+        Some(plan) => {
+            summary.resumed = true;
+            plan
+        }
+        None => {
+            let tables = select_tables(&schemas, &opts.tables)?;
+            let objects = listing::list_objects(store.as_ref(), prefix, &config.pipeline).await?;
+            // The earliest seq any selected table still needs.
+            let from = tables
+                .iter()
+                .map(|t| manifest.tables.get(t).map(|e| e.next_seq))
+                .collect::<Option<Vec<u64>>>()
+                .and_then(|starts| starts.into_iter().min());
+            let planned = plan_files(&objects, from, config.compact.file_bytes);
+            summary.gap = planned.gap;
+            let files = planned.files;
+            let (Some(first), Some(last)) = (files.first(), files.last()) else {
+                summary.elapsed = started.elapsed();
+                return Ok(summary);
+            };
+            Plan {
+                generation: manifest.generation + 1,
+                from_seq: first.first_seq,
+                to_seq: last.last_seq,
+                tables: tables.into_iter().collect(),
+                files,
+                repeated: planned.repeated,
+            }
+        }
+    };
+    let shapes = shapes(&schemas, &plan.tables, &manifest)?;
+    summary.seqs = Some((plan.from_seq, plan.to_seq));
+    summary.objects = plan.files.iter().map(|f| f.objects.len()).sum();
+    summary.bytes_in = plan
+        .files
+        .iter()
+        .flat_map(|f| &f.objects)
+        .map(|o| o.size)
+        .sum();
+    summary.tables = plan.tables.iter().cloned().collect();
+    summary.repeated_objects = plan.repeated.len();
+    if opts.dry_run {
+        summary.elapsed = started.elapsed();
+        return Ok(summary);
+    }
+    if !summary.resumed {
+        manifest.pending = Some(plan.clone());
+        manifest.store(store.as_ref(), prefix).await?;
+    }
+
+    let bar = progress_bar(summary.bytes_in);
+    let props = history::writer_properties(&config.compact);
+    let ctx = session::session(Arc::clone(&store));
+    let mut views: BTreeMap<String, LatestView> = BTreeMap::new();
+    for file in &plan.files {
+        let mut open: HashMap<String, HistoryFile> = HashMap::new();
+        for object in &file.objects {
+            bar.set_message(
+                object
+                    .key
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+            let body = listing::get(store.as_ref(), &ObjectPath::from(object.key.as_str())).await?;
+            for (n, line) in body.split(|&b| b == b'\n').enumerate() {
+                if line.is_empty() {
+                    continue;
+                }
+                let bad = |what: String| {
+                    Error::fatal(
+                        format!("{} line {}: {what}", object.key, n + 1),
+                        "archive objects are written by `waltail run`; restore this one from a copy, or move it away and compact again",
+                    )
+                };
+                let env: Envelope = serde_json::from_slice(line).map_err(|e| bad(e.to_string()))?;
+                if env.seq < object.from_seq {
+                    // A repeat of a change compacted from an earlier object.
+                    summary.repeats += 1;
+                    continue;
+                }
+                let Some(shape) = shapes.get(&env.table) else {
+                    continue; // a table not compacted in this run
+                };
+                let start = table_start(&manifest, &env.table);
+                if env.seq < start {
+                    continue;
+                }
+                let table = env.table.clone();
+                let change = read::type_change(shape, env).map_err(bad)?;
+                let view = match views.get_mut(&table) {
+                    Some(v) => v,
+                    None => {
+                        let previous = manifest
+                            .tables
+                            .get(&table)
+                            .map(|e| e.latest.clone())
+                            .unwrap_or_default();
+                        let v = LatestView::load(&ctx, Arc::clone(shape), &previous).await?;
+                        views.entry(table.clone()).or_insert(v)
+                    }
+                };
+                view.apply(&change);
+                let hist = match open.get_mut(&table) {
+                    Some(h) => h,
+                    None => {
+                        let key = history::history_key(
+                            prefix,
+                            shape,
+                            &file.date,
+                            file.first_seq.max(start),
+                            file.last_seq,
+                        );
+                        let h = HistoryFile::create(&store, key, Arc::clone(shape), props.clone())?;
+                        open.entry(table.clone()).or_insert(h)
+                    }
+                };
+                hist.push(change).await?;
+                summary.changes += 1;
+            }
+            bar.inc(object.size);
+        }
+        // Each table's file of the group, in name order (deterministic).
+        let mut open: Vec<(String, HistoryFile)> = open.into_iter().collect();
+        open.sort_by(|a, b| a.0.cmp(&b.0));
+        for (table, hist) in open {
+            let (_, rows, bytes) = hist.finish().await?;
+            summary.history_files += 1;
+            summary.history_bytes += bytes;
+            manifest.tables.entry(table).or_default().history_rows += rows;
+        }
+    }
+    bar.finish_and_clear();
+
+    // The new latest generation of every table that changed, or that has
+    // no latest view yet.
+    for table in &plan.tables {
+        let has_latest = manifest
+            .tables
+            .get(table)
+            .is_some_and(|e| !e.latest.is_empty());
+        if !views.contains_key(table) && !has_latest {
+            views.insert(table.clone(), LatestView::empty(Arc::clone(&shapes[table])));
+        }
+    }
+    let staging = format!("{STAGING}/{:08}", plan.generation);
+    let mut moves = Vec::new();
+    for (table, view) in &views {
+        if view.shape.key.is_empty() {
+            continue; // no key (REPLICA IDENTITY NOTHING): a history only
+        }
+        let (files, bytes) = view
+            .write(
+                &store,
+                prefix,
+                &staging,
+                plan.generation,
+                &props,
+                config.compact.file_bytes,
+            )
+            .await?;
+        let entry = manifest.tables.entry(table.clone()).or_default();
+        summary.latest_files += files.len();
+        summary.latest_rows += view.len() as u64;
+        summary.latest_bytes += bytes;
+        entry.latest = files.iter().map(|m| m.to.clone()).collect();
+        entry.latest_rows = view.len() as u64;
+        moves.extend(files);
+    }
+    for table in &plan.tables {
+        let entry = manifest.tables.entry(table.clone()).or_default();
+        entry.next_seq = plan.to_seq + 1;
+        entry.columns = shapes[table].columns.clone();
+    }
+    manifest.generation = plan.generation;
+    manifest.pending = None;
+    manifest.publish = moves;
+    manifest.store(store.as_ref(), prefix).await?;
+    publish(store.as_ref(), prefix, &mut manifest).await?;
+    summary.elapsed = started.elapsed();
+    Ok(summary)
+}
+
+/// Where a run writes its latest-view files before they are published.
+const STAGING: &str = "_waltail/compaction/staging";
+
+/// Moves the committed generation's latest-view files from staging into
+/// `latest/`, then deletes every other file there (the previous generation,
+/// or what a run stopped before its commit left) and the staged copies.
+/// Copy before delete: for the moment in between a reader globbing
+/// `latest/` may see both generations, never none. Idempotent, so a run
+/// stopped half-way through is finished by the next one.
+async fn publish(
+    store: &dyn ObjectStore,
+    prefix: Option<&str>,
+    manifest: &mut Manifest,
+) -> Result<()> {
+    if manifest.publish.is_empty() {
+        return Ok(());
+    }
+    for m in &manifest.publish {
+        let (from, to) = (
+            ObjectPath::from(m.from.as_str()),
+            ObjectPath::from(m.to.as_str()),
+        );
+        match store.copy(&from, &to).await {
+            Ok(()) => {}
+            // Moved by a run that stopped before recording it.
+            Err(object_store::Error::NotFound { .. }) if store.head(&to).await.is_ok() => {}
+            Err(e) => return Err(Error::store("COPY", m.from.clone(), e)),
+        }
+    }
+    let current: BTreeSet<&str> = manifest
+        .tables
+        .values()
+        .flat_map(|e| e.latest.iter().map(String::as_str))
+        .collect();
+    let dirs: BTreeSet<&str> = manifest
+        .publish
+        .iter()
+        .filter_map(|m| m.to.rsplit_once('/').map(|(dir, _)| dir))
+        .collect();
+    let mut stale = Vec::new();
+    for dir in dirs {
+        let dir = ObjectPath::from(dir);
+        let metas: Vec<_> = store
+            .list(Some(&dir))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("LIST", dir.to_string(), e))?;
+        stale.extend(
+            metas
+                .into_iter()
+                .map(|m| m.location)
+                .filter(|p| !current.contains(p.as_ref())),
+        );
+    }
+    stale.extend(
+        manifest
+            .publish
+            .iter()
+            .map(|m| ObjectPath::from(m.from.as_str())),
+    );
+    for path in stale {
+        match store.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(Error::store("DELETE", path.to_string(), e)),
+        }
+    }
+    manifest.publish.clear();
+    manifest.store(store, prefix).await
+}
+
+/// The first seq `table` still needs (0 when it was never compacted). While
+/// a run is pending the manifest's entries are still the previous run's.
+fn table_start(manifest: &Manifest, table: &str) -> u64 {
+    manifest.tables.get(table).map_or(0, |e| e.next_seq)
+}
+
+/// The tables a run compacts: the named ones (each must have a schema
+/// record), or every table with one.
+fn select_tables(
+    schemas: &BTreeMap<String, Vec<typing::SchemaRecord>>,
+    named: &[String],
+) -> Result<BTreeSet<String>> {
+    if named.is_empty() {
+        return Ok(schemas.keys().cloned().collect());
+    }
+    named
+        .iter()
+        .map(|t| {
+            let t = if t.contains('.') {
+                t.clone()
+            } else {
+                format!("public.{t}")
+            };
+            if schemas.contains_key(&t) {
+                Ok(t)
+            } else {
+                Err(Error::config(format!(
+                    "{t} has no schema record in the archive (_schemas/): name a table this pipeline archives, as schema.table{}",
+                    if schemas.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " ({})",
+                            schemas.keys().cloned().collect::<Vec<_>>().join(", ")
+                        )
+                    }
+                )))
+            }
+        })
+        .collect()
+}
+
+/// The shapes of the run's tables, checked against what earlier runs wrote:
+/// a column's type may only widen.
+fn shapes(
+    schemas: &BTreeMap<String, Vec<typing::SchemaRecord>>,
+    tables: &[String],
+    manifest: &Manifest,
+) -> Result<HashMap<String, Arc<TableShape>>> {
+    let mut out = HashMap::new();
+    for table in tables {
+        let records = schemas.get(table).map(Vec::as_slice).unwrap_or_default();
+        let shape = TableShape::from_records(table, records);
+        if let Some(entry) = manifest.tables.get(table) {
+            for before in &entry.columns {
+                let now = shape.columns.iter().find(|c| c.name == before.name);
+                let ok = now.is_some_and(|c| before.kind.widen(c.kind) == Some(c.kind));
+                if !ok {
+                    let now = now.map_or("no column".to_string(), |c| c.kind.describe());
+                    return Err(Error::fatal(
+                        format!(
+                            "{table}.{}: the compacted files hold {}, the archive's schema records now give {now}, and the one cannot be read as the other",
+                            before.name,
+                            before.kind.describe()
+                        ),
+                        format!(
+                            "compact the table again with the new type: delete parquet/{0}/ and latest/{0}/ (with the '.' as '/'), remove \"{table}\" from the tables of _waltail/compaction/manifest.json, and run `waltail compact {table}`",
+                            table.replacen('.', "/", 1)
+                        ),
+                    ));
+                }
+            }
+        }
+        out.insert(table.clone(), Arc::new(shape));
+    }
+    Ok(out)
+}
+
+fn progress_bar(total: u64) -> ProgressBar {
+    let target = if std::io::stderr().is_terminal() {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let bar = ProgressBar::with_draw_target(Some(total), target);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg:32} [{bar:30}] {binary_bytes}/{binary_total_bytes}  {binary_bytes_per_sec}  ETA {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+/// The text `compact` prints.
+pub fn render(s: &Summary, dry_run: bool) -> String {
+    let mut out = String::new();
+    let gap = s.gap.map(|g| {
+        format!(
+            "seq {g} is not in the archive yet (a batch still uploading, or parked: see `waltail parked list`); the objects after it wait for the next run\n"
+        )
+    });
+    let Some((first, last)) = s.seqs else {
+        out.push_str("nothing new to compact\n");
+        out.push_str(gap.as_deref().unwrap_or_default());
+        return out;
+    };
+    let tables = s.tables.iter().cloned().collect::<Vec<_>>().join(", ");
+    if dry_run {
+        out.push_str(&format!(
+            "would compact {} objects ({}), seqs {first}-{last}, tables {tables}{}\n",
+            s.objects,
+            human_bytes(s.bytes_in),
+            if s.resumed {
+                " (completing an interrupted run)"
+            } else {
+                ""
+            }
+        ));
+    } else {
+        out.push_str(&format!(
+            "compacted {} objects ({}), seqs {first}-{last}, {} changes in {:.1} s{}\n",
+            s.objects,
+            human_bytes(s.bytes_in),
+            s.changes,
+            s.elapsed.as_secs_f64(),
+            if s.resumed {
+                " (completed an interrupted run)"
+            } else {
+                ""
+            }
+        ));
+        out.push_str(&format!(
+            "  history  {} files, {} changes, {}\n",
+            s.history_files,
+            s.changes,
+            human_bytes(s.history_bytes)
+        ));
+        out.push_str(&format!(
+            "  latest   {} files, {} rows, {}\n",
+            s.latest_files,
+            s.latest_rows,
+            human_bytes(s.latest_bytes)
+        ));
+        if s.repeats > 0 || s.repeated_objects > 0 {
+            out.push_str(&format!(
+                "  skipped {} objects and {} changes repeating others (the same changes under another name)\n",
+                s.repeated_objects, s.repeats
+            ));
+        }
+        out.push_str(&format!(
+            "  {:.0} changes/s, {} in -> {} out\n",
+            s.changes as f64 / s.elapsed.as_secs_f64().max(1e-3),
+            human_bytes(s.bytes_in),
+            human_bytes(s.history_bytes + s.latest_bytes)
+        ));
+    }
+    out.push_str(gap.as_deref().unwrap_or_default());
+    out
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::typing::{Column, Kind, RecordColumn, SchemaRecord};
+    use super::*;
+
+    fn record(version: u32, columns: &[(&str, u32, bool)]) -> SchemaRecord {
+        SchemaRecord {
+            table: "public.t".into(),
+            version,
+            columns: columns
+                .iter()
+                .map(|(name, oid, key)| RecordColumn {
+                    name: name.to_string(),
+                    type_name: String::new(),
+                    type_oid: *oid,
+                    type_modifier: -1,
+                    key: *key,
+                })
+                .collect(),
+            replica_identity: "default".into(),
+        }
+    }
+
+    fn compacted(kind: Kind) -> Manifest {
+        let mut m = Manifest::default();
+        m.tables.insert(
+            "public.t".into(),
+            manifest::TableEntry {
+                columns: vec![Column {
+                    name: "v".into(),
+                    kind,
+                }],
+                ..Default::default()
+            },
+        );
+        m
+    }
+
+    #[test]
+    fn a_later_shape_adds_columns_and_widens_types() {
+        let schemas = BTreeMap::from([(
+            "public.t".to_string(),
+            vec![
+                record(2, &[("id", 20, true), ("v", 20, false), ("w", 25, false)]),
+                record(1, &[("id", 20, true), ("v", 23, false)]),
+            ],
+        )]);
+        let shapes = shapes(&schemas, &["public.t".into()], &compacted(Kind::Int32)).unwrap();
+        let shape = &shapes["public.t"];
+        let names: Vec<(&str, Kind)> = shape
+            .columns
+            .iter()
+            .map(|c| (c.name.as_str(), c.kind))
+            .collect();
+        assert_eq!(
+            names,
+            [("id", Kind::Int64), ("v", Kind::Int64), ("w", Kind::Text)]
+        );
+        assert_eq!(shape.key, [0]);
+    }
+
+    #[test]
+    fn a_type_change_compacted_files_cannot_hold_is_an_error_with_the_fix() {
+        let schemas = BTreeMap::from([(
+            "public.t".to_string(),
+            vec![record(1, &[("id", 20, true), ("v", 25, false)])],
+        )]);
+        let err = shapes(&schemas, &["public.t".into()], &compacted(Kind::Int64)).unwrap_err();
+        assert!(err.to_string().contains("public.t.v"), "{err}");
+        let hint = err.hint().unwrap();
+        assert!(hint.contains("latest/public/t/"), "{hint}");
+        assert!(hint.contains("waltail compact public.t"), "{hint}");
+    }
+}

@@ -1,0 +1,655 @@
+//! From the archive's schema records and JSON values to typed Arrow columns.
+//!
+//! A table's columns are the union of every recorded shape (schema record
+//! versions, in order), so a column added later simply appears; a column
+//! whose type changed takes a type that holds both exactly ([`Kind::widen`])
+//! or, when none does, text. Values are parsed from the JSON the source
+//! renders (README "Values") into [`Cell`]s, the one in-memory form shared by
+//! the history writer, the latest view and, later, `query`.
+//!
+//! The mapping (also in the README, "Compacting to Parquet"):
+//! int2/int4/int8/oid -> Int16/Int32/Int64, float4/float8 -> Float32/Float64
+//! (NaN and infinities kept), bool, numeric(p,s) with p <= 38 -> Decimal128(p,s),
+//! date -> Date32, timestamp -> Timestamp(us), timestamptz -> Timestamp(us, UTC)
+//! (`infinity` as the largest value, `-infinity` the smallest, as DuckDB
+//! does), json/jsonb/arrays/hstore -> Utf8 holding the JSON text, anything
+//! else (text, uuid, numeric without a precision, intervals, ...) -> Utf8.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array,
+    Int16Array, Int32Array, Int64Array, StringArray, TimestampMicrosecondArray,
+};
+use arrow::datatypes::{DataType, TimeUnit};
+use chrono::{DateTime, Datelike, NaiveDate, NaiveDateTime};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One schema record, `[prefix/]_schemas/<schema>.<table>/<n>.json`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SchemaRecord {
+    pub table: String,
+    pub version: u32,
+    pub columns: Vec<RecordColumn>,
+    pub replica_identity: String,
+}
+
+/// A column as a schema record describes it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RecordColumn {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub type_name: String,
+    pub type_oid: u32,
+    pub type_modifier: i32,
+    pub key: bool,
+}
+
+/// The Parquet/Arrow type a column is written as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Kind {
+    Int16,
+    Int32,
+    Int64,
+    Float32,
+    Float64,
+    Bool,
+    Decimal {
+        precision: u8,
+        scale: i8,
+    },
+    Date,
+    Timestamp,
+    TimestampTz,
+    /// Strings as they are; numbers and booleans as their JSON text.
+    Text,
+    /// The value's JSON text (json, jsonb, arrays, hstore).
+    Json,
+}
+
+impl Kind {
+    /// The kind of a recorded Postgres column.
+    pub fn from_pg(type_oid: u32, type_modifier: i32, type_name: &str) -> Kind {
+        match type_oid {
+            21 => Kind::Int16,
+            23 => Kind::Int32,
+            20 | 26 => Kind::Int64,
+            700 => Kind::Float32,
+            701 => Kind::Float64,
+            16 => Kind::Bool,
+            1700 if type_modifier >= 4 => {
+                let m = type_modifier - 4;
+                let precision = (m >> 16) & 0xffff;
+                // Postgres 15 allows a negative scale, stored as 11 bits.
+                let scale = ((m & 0x7ff) ^ 1024) - 1024;
+                if (1..=38).contains(&precision) && (0..=precision).contains(&scale) {
+                    Kind::Decimal {
+                        precision: precision as u8,
+                        scale: scale as i8,
+                    }
+                } else {
+                    Kind::Text
+                }
+            }
+            1082 => Kind::Date,
+            1114 => Kind::Timestamp,
+            1184 => Kind::TimestampTz,
+            114 | 3802 => Kind::Json,
+            _ if type_name.ends_with("[]") || type_name == "hstore" => Kind::Json,
+            _ => Kind::Text,
+        }
+    }
+
+    pub fn data_type(self) -> DataType {
+        match self {
+            Kind::Int16 => DataType::Int16,
+            Kind::Int32 => DataType::Int32,
+            Kind::Int64 => DataType::Int64,
+            Kind::Float32 => DataType::Float32,
+            Kind::Float64 => DataType::Float64,
+            Kind::Bool => DataType::Boolean,
+            Kind::Decimal { precision, scale } => DataType::Decimal128(precision, scale),
+            Kind::Date => DataType::Date32,
+            Kind::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, None),
+            Kind::TimestampTz => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            Kind::Text | Kind::Json => DataType::Utf8,
+        }
+    }
+
+    /// The narrowest kind that holds every value of both exactly, if any:
+    /// a wider integer, float8 for int2/int4/float4, a decimal with room
+    /// for both. `None` means the change cannot be read as one type.
+    pub fn widen(self, other: Kind) -> Option<Kind> {
+        use Kind::*;
+        if self == other {
+            return Some(self);
+        }
+        let int_digits = |k: Kind| match k {
+            Int16 => Some(5),
+            Int32 => Some(10),
+            Int64 => Some(19),
+            _ => None,
+        };
+        Some(match (self, other) {
+            (Int16 | Int32 | Int64, Int16 | Int32 | Int64) => {
+                if int_digits(self) > int_digits(other) {
+                    self
+                } else {
+                    other
+                }
+            }
+            (Int16 | Int32 | Float32, Float64) | (Float64, Int16 | Int32 | Float32) => Float64,
+            (
+                Decimal {
+                    precision: p1,
+                    scale: s1,
+                },
+                Decimal {
+                    precision: p2,
+                    scale: s2,
+                },
+            ) => {
+                let scale = s1.max(s2);
+                let whole = (p1 as i32 - s1 as i32).max(p2 as i32 - s2 as i32);
+                let precision = whole + scale as i32;
+                if precision > 38 {
+                    return None;
+                }
+                Decimal {
+                    precision: precision as u8,
+                    scale,
+                }
+            }
+            (Int16 | Int32 | Int64, Decimal { precision, scale })
+            | (Decimal { precision, scale }, Int16 | Int32 | Int64) => {
+                let int = if matches!(self, Decimal { .. }) {
+                    other
+                } else {
+                    self
+                };
+                let whole = (precision as i32 - scale as i32).max(int_digits(int)?);
+                if whole + scale as i32 > 38 {
+                    return None;
+                }
+                Decimal {
+                    precision: (whole + scale as i32) as u8,
+                    scale,
+                }
+            }
+            (Date, Timestamp) | (Timestamp, Date) => Timestamp,
+            _ => return None,
+        })
+    }
+
+    /// A name for messages: the Arrow type.
+    pub fn describe(self) -> String {
+        match self {
+            Kind::Json => "Utf8 (JSON text)".into(),
+            k => k.data_type().to_string(),
+        }
+    }
+}
+
+/// A column of a compacted table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Column {
+    pub name: String,
+    pub kind: Kind,
+}
+
+/// A table's compacted shape: the union of its recorded shapes.
+#[derive(Debug, Clone)]
+pub struct TableShape {
+    /// `schema.table` as the archive names it.
+    pub table: String,
+    pub columns: Vec<Column>,
+    /// Indexes of the key (replica identity) columns of the newest shape;
+    /// empty when the table has none (REPLICA IDENTITY NOTHING): such a
+    /// table has a history but no latest view.
+    pub key: Vec<usize>,
+}
+
+impl TableShape {
+    /// Folds a table's schema records (any order) into one shape.
+    pub fn from_records(table: &str, records: &[SchemaRecord]) -> TableShape {
+        let mut sorted: Vec<&SchemaRecord> = records.iter().collect();
+        sorted.sort_by_key(|r| r.version);
+        let mut columns: Vec<Column> = Vec::new();
+        for r in &sorted {
+            for c in &r.columns {
+                let kind = Kind::from_pg(c.type_oid, c.type_modifier, &c.type_name);
+                match columns.iter_mut().find(|x| x.name == c.name) {
+                    Some(existing) => {
+                        existing.kind = existing.kind.widen(kind).unwrap_or(Kind::Text);
+                    }
+                    None => columns.push(Column {
+                        name: c.name.clone(),
+                        kind,
+                    }),
+                }
+            }
+        }
+        let key = sorted
+            .last()
+            .map(|r| {
+                r.columns
+                    .iter()
+                    .filter(|c| c.key)
+                    .filter_map(|c| columns.iter().position(|x| x.name == c.name))
+                    .collect()
+            })
+            .unwrap_or_default();
+        TableShape {
+            table: table.to_string(),
+            columns,
+            key,
+        }
+    }
+
+    /// `(schema, table)`, split at the first dot as the archive writes them.
+    pub fn schema_and_name(&self) -> (&str, &str) {
+        self.table
+            .split_once('.')
+            .unwrap_or(("public", &self.table))
+    }
+
+    pub fn column(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c.name == name)
+    }
+}
+
+/// One value in memory. `Absent` is a column an update left out (unchanged
+/// TOAST): written as null in the history, carried forward in the latest view.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cell {
+    Absent,
+    Null,
+    /// Integers, days since 1970 (dates) and microseconds (timestamps).
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    /// A decimal's unscaled value.
+    Dec(i128),
+    Str(Box<str>),
+}
+
+/// Parses one JSON value as rendered by the source into a cell of `kind`;
+/// the error says what the value is and why it does not fit.
+pub fn parse_cell(kind: Kind, value: &Value) -> Result<Cell, String> {
+    if value.is_null() {
+        return Ok(Cell::Null);
+    }
+    let bad = || format!("{value} is not a valid {}", kind.describe());
+    Ok(match kind {
+        Kind::Int16 | Kind::Int32 | Kind::Int64 => {
+            let n = value.as_i64().ok_or_else(bad)?;
+            let fits = match kind {
+                Kind::Int16 => i16::try_from(n).is_ok(),
+                Kind::Int32 => i32::try_from(n).is_ok(),
+                _ => true,
+            };
+            if !fits {
+                return Err(bad());
+            }
+            Cell::Int(n)
+        }
+        Kind::Float32 | Kind::Float64 => Cell::Float(match value {
+            Value::Number(n) => n.as_f64().ok_or_else(bad)?,
+            Value::String(s) => match s.as_str() {
+                "NaN" => f64::NAN,
+                "Infinity" => f64::INFINITY,
+                "-Infinity" => f64::NEG_INFINITY,
+                _ => return Err(bad()),
+            },
+            _ => return Err(bad()),
+        }),
+        Kind::Bool => Cell::Bool(value.as_bool().ok_or_else(bad)?),
+        Kind::Decimal { precision, scale } => {
+            let text = match value {
+                Value::Number(n) => n.to_string(),
+                Value::String(s) => s.clone(),
+                _ => return Err(bad()),
+            };
+            Cell::Dec(parse_decimal(&text, precision, scale).ok_or_else(bad)?)
+        }
+        Kind::Date => {
+            let s = value.as_str().ok_or_else(bad)?;
+            Cell::Int(match s {
+                "infinity" => i32::MAX as i64,
+                "-infinity" => i32::MIN as i64,
+                _ => {
+                    let (core, bc) = era(s);
+                    let d = NaiveDate::parse_from_str(core, "%Y-%m-%d").map_err(|_| bad())?;
+                    let d = if bc {
+                        d.with_year(1 - d.year()).ok_or_else(bad)?
+                    } else {
+                        d
+                    };
+                    (d - NaiveDate::from_ymd_opt(1970, 1, 1).expect("valid")).num_days()
+                }
+            })
+        }
+        Kind::Timestamp | Kind::TimestampTz => {
+            let s = value.as_str().ok_or_else(bad)?;
+            Cell::Int(match s {
+                "infinity" => i64::MAX,
+                "-infinity" => i64::MIN,
+                _ => {
+                    let (core, bc) = era(s);
+                    let t = if kind == Kind::Timestamp {
+                        NaiveDateTime::parse_from_str(core, "%Y-%m-%dT%H:%M:%S%.f")
+                            .map_err(|_| bad())?
+                    } else {
+                        DateTime::parse_from_rfc3339(core)
+                            .map_err(|_| bad())?
+                            .naive_utc()
+                    };
+                    let t = if bc {
+                        t.with_year(1 - t.year()).ok_or_else(bad)?
+                    } else {
+                        t
+                    };
+                    t.and_utc().timestamp_micros()
+                }
+            })
+        }
+        Kind::Text => Cell::Str(match value {
+            Value::String(s) => s.as_str().into(),
+            other => other.to_string().into(),
+        }),
+        Kind::Json => Cell::Str(value.to_string().into()),
+    })
+}
+
+/// `"0044-03-15 BC"` -> (`"0044-03-15"`, true).
+fn era(s: &str) -> (&str, bool) {
+    match s.strip_suffix(" BC") {
+        Some(core) => (core, true),
+        None => (s, false),
+    }
+}
+
+/// Parses a decimal text (`-12.5`, `5.00`, `1e-7`) into its unscaled value
+/// at `scale`, if it has no more fractional digits than `scale` and fits
+/// `precision` digits.
+pub fn parse_decimal(text: &str, precision: u8, scale: i8) -> Option<i128> {
+    let (mantissa, exp) = match text.find(['e', 'E']) {
+        Some(i) => (&text[..i], text[i + 1..].parse::<i32>().ok()?),
+        None => (text, 0),
+    };
+    let (neg, digits) = match mantissa.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, mantissa.strip_prefix('+').unwrap_or(mantissa)),
+    };
+    let (whole, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    if whole.is_empty() && frac.is_empty()
+        || !whole
+            .bytes()
+            .chain(frac.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    // value = int(whole frac) * 10^(exp - len(frac)); we want value * 10^scale.
+    let mut unscaled: i128 = 0;
+    for b in whole.bytes().chain(frac.bytes()) {
+        unscaled = unscaled.checked_mul(10)?.checked_add((b - b'0') as i128)?;
+    }
+    let shift = exp - frac.len() as i32 + scale as i32;
+    if shift >= 0 {
+        unscaled = unscaled.checked_mul(10i128.checked_pow(shift as u32)?)?;
+    } else {
+        let div = 10i128.checked_pow((-shift) as u32)?;
+        if unscaled % div != 0 {
+            return None;
+        }
+        unscaled /= div;
+    }
+    if unscaled >= 10i128.checked_pow(precision as u32)? {
+        return None;
+    }
+    Some(if neg { -unscaled } else { unscaled })
+}
+
+/// Builds the Arrow array of `kind` from cells (absent as null).
+pub fn build_array<'a>(kind: Kind, cells: impl Iterator<Item = &'a Cell>) -> ArrayRef {
+    fn int(c: &Cell) -> Option<i64> {
+        match c {
+            Cell::Int(v) => Some(*v),
+            _ => None,
+        }
+    }
+    match kind {
+        Kind::Int16 => Arc::new(
+            cells
+                .map(|c| int(c).map(|v| v as i16))
+                .collect::<Int16Array>(),
+        ),
+        Kind::Int32 => Arc::new(
+            cells
+                .map(|c| int(c).map(|v| v as i32))
+                .collect::<Int32Array>(),
+        ),
+        Kind::Int64 => Arc::new(cells.map(int).collect::<Int64Array>()),
+        Kind::Float32 | Kind::Float64 => {
+            let f = |c: &Cell| match c {
+                Cell::Float(v) => Some(*v),
+                _ => None,
+            };
+            if kind == Kind::Float32 {
+                Arc::new(
+                    cells
+                        .map(|c| f(c).map(|v| v as f32))
+                        .collect::<Float32Array>(),
+                )
+            } else {
+                Arc::new(cells.map(f).collect::<Float64Array>())
+            }
+        }
+        Kind::Bool => Arc::new(
+            cells
+                .map(|c| match c {
+                    Cell::Bool(b) => Some(*b),
+                    _ => None,
+                })
+                .collect::<BooleanArray>(),
+        ),
+        Kind::Decimal { precision, scale } => Arc::new(
+            cells
+                .map(|c| match c {
+                    Cell::Dec(v) => Some(*v),
+                    _ => None,
+                })
+                .collect::<Decimal128Array>()
+                .with_precision_and_scale(precision, scale)
+                .expect("precision and scale were validated"),
+        ),
+        Kind::Date => Arc::new(
+            cells
+                .map(|c| int(c).map(|v| v as i32))
+                .collect::<Date32Array>(),
+        ),
+        Kind::Timestamp => Arc::new(cells.map(int).collect::<TimestampMicrosecondArray>()),
+        Kind::TimestampTz => Arc::new(
+            cells
+                .map(int)
+                .collect::<TimestampMicrosecondArray>()
+                .with_timezone("UTC"),
+        ),
+        Kind::Text | Kind::Json => Arc::new(
+            cells
+                .map(|c| match c {
+                    Cell::Str(s) => Some(&**s),
+                    _ => None,
+                })
+                .collect::<StringArray>(),
+        ),
+    }
+}
+
+/// Reads cells of `kind` back from an array written by [`build_array`]
+/// (possibly with a narrower type of an earlier run: it is cast first).
+pub fn read_cells(kind: Kind, array: &ArrayRef) -> Result<Vec<Cell>, String> {
+    let array = arrow::compute::cast(array, &kind.data_type()).map_err(|e| {
+        format!(
+            "cannot read {} as {}: {e}",
+            array.data_type(),
+            kind.describe()
+        )
+    })?;
+    let n = array.len();
+    let mut out = Vec::with_capacity(n);
+    macro_rules! each {
+        ($ty:ty, $f:expr) => {{
+            let a = array
+                .as_any()
+                .downcast_ref::<$ty>()
+                .expect("cast to this type");
+            for i in 0..n {
+                out.push(if a.is_null(i) {
+                    Cell::Null
+                } else {
+                    $f(a.value(i))
+                });
+            }
+        }};
+    }
+    match kind {
+        Kind::Int16 => each!(Int16Array, |v: i16| Cell::Int(v as i64)),
+        Kind::Int32 => each!(Int32Array, |v: i32| Cell::Int(v as i64)),
+        Kind::Int64 => each!(Int64Array, Cell::Int),
+        Kind::Float32 => each!(Float32Array, |v: f32| Cell::Float(v as f64)),
+        Kind::Float64 => each!(Float64Array, Cell::Float),
+        Kind::Bool => each!(BooleanArray, Cell::Bool),
+        Kind::Decimal { .. } => each!(Decimal128Array, Cell::Dec),
+        Kind::Date => each!(Date32Array, |v: i32| Cell::Int(v as i64)),
+        Kind::Timestamp | Kind::TimestampTz => each!(TimestampMicrosecondArray, Cell::Int),
+        Kind::Text | Kind::Json => each!(StringArray, |v: &str| Cell::Str(v.into())),
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn numeric_typmod_gives_decimal_when_it_fits() {
+        let typmod = |p: i32, s: i32| ((p << 16) | s) + 4;
+        assert_eq!(
+            Kind::from_pg(1700, typmod(10, 2), "numeric(10,2)"),
+            Kind::Decimal {
+                precision: 10,
+                scale: 2
+            }
+        );
+        assert_eq!(Kind::from_pg(1700, -1, "numeric"), Kind::Text);
+        assert_eq!(
+            Kind::from_pg(1700, typmod(60, 2), "numeric(60,2)"),
+            Kind::Text
+        );
+        assert_eq!(Kind::from_pg(1009, -1, "text[]"), Kind::Json);
+    }
+
+    #[test]
+    fn decimals_parse_exactly_or_not_at_all() {
+        assert_eq!(parse_decimal("5.00", 10, 2), Some(500));
+        assert_eq!(parse_decimal("-12.5", 10, 2), Some(-1250));
+        assert_eq!(parse_decimal("1e-2", 10, 2), Some(1));
+        assert_eq!(parse_decimal("7", 3, 0), Some(7));
+        assert_eq!(parse_decimal("1.005", 10, 2), None, "would round");
+        assert_eq!(parse_decimal("1000", 3, 0), None, "too many digits");
+        assert_eq!(parse_decimal("NaN", 10, 2), None);
+        assert_eq!(parse_decimal("", 10, 2), None);
+    }
+
+    #[test]
+    fn values_parse_into_cells_of_their_kind() {
+        assert_eq!(parse_cell(Kind::Int16, &json!(7)), Ok(Cell::Int(7)));
+        assert!(parse_cell(Kind::Int16, &json!(70000)).is_err());
+        assert_eq!(
+            parse_cell(Kind::Float64, &json!("-Infinity")),
+            Ok(Cell::Float(f64::NEG_INFINITY))
+        );
+        assert_eq!(
+            parse_cell(Kind::Date, &json!("1970-01-02")),
+            Ok(Cell::Int(1))
+        );
+        assert_eq!(
+            parse_cell(Kind::Date, &json!("0001-01-01 BC")),
+            parse_cell(Kind::Date, &json!("0000-01-01"))
+        );
+        assert_eq!(
+            parse_cell(Kind::Timestamp, &json!("1970-01-01T00:00:01.5")),
+            Ok(Cell::Int(1_500_000))
+        );
+        assert_eq!(
+            parse_cell(Kind::TimestampTz, &json!("1970-01-01T00:00:01+00:00")),
+            Ok(Cell::Int(1_000_000))
+        );
+        assert_eq!(
+            parse_cell(Kind::Timestamp, &json!("infinity")),
+            Ok(Cell::Int(i64::MAX))
+        );
+        assert_eq!(parse_cell(Kind::Text, &json!(5)), Ok(Cell::Str("5".into())));
+        assert_eq!(
+            parse_cell(Kind::Json, &json!({"a": "x\"y"})),
+            Ok(Cell::Str(r#"{"a":"x\"y"}"#.into()))
+        );
+        assert_eq!(parse_cell(Kind::Json, &json!(null)), Ok(Cell::Null));
+    }
+
+    #[test]
+    fn widening_keeps_every_value_or_refuses() {
+        use Kind::*;
+        assert_eq!(Int32.widen(Int64), Some(Int64));
+        assert_eq!(Int64.widen(Int16), Some(Int64));
+        assert_eq!(Int32.widen(Float64), Some(Float64));
+        assert_eq!(Int64.widen(Float64), None, "float8 loses int8 digits");
+        assert_eq!(
+            Decimal {
+                precision: 10,
+                scale: 2
+            }
+            .widen(Decimal {
+                precision: 12,
+                scale: 4
+            }),
+            Some(Decimal {
+                precision: 12,
+                scale: 4
+            })
+        );
+        assert_eq!(Int64.widen(Text), None);
+    }
+
+    #[test]
+    fn cells_round_trip_through_arrow() {
+        let kinds = [
+            (Kind::Int16, vec![Cell::Int(-3), Cell::Null]),
+            (
+                Kind::Float32,
+                vec![Cell::Float(1.5), Cell::Float(f64::INFINITY)],
+            ),
+            (
+                Kind::Decimal {
+                    precision: 10,
+                    scale: 2,
+                },
+                vec![Cell::Dec(12345), Cell::Null],
+            ),
+            (Kind::TimestampTz, vec![Cell::Int(i64::MIN), Cell::Int(5)]),
+            (Kind::Json, vec![Cell::Str("[1]".into()), Cell::Null]),
+        ];
+        for (kind, cells) in kinds {
+            let array = build_array(kind, cells.iter());
+            assert_eq!(array.data_type(), &kind.data_type());
+            assert_eq!(read_cells(kind, &array).unwrap(), cells, "{kind:?}");
+        }
+        // An earlier run's narrower column reads as the wider kind.
+        let narrow = build_array(Kind::Int32, [Cell::Int(9)].iter());
+        assert_eq!(read_cells(Kind::Int64, &narrow).unwrap(), [Cell::Int(9)]);
+    }
+}

@@ -1,0 +1,592 @@
+//! `waltail compact` against real PostgreSQL and SeaweedFS, with the real
+//! binary, read back by DuckDB (PyPI, installed by scripts/duckdb.sh) as a
+//! user would: the latest view equals the source tables, the history holds
+//! every archived change exactly once, across runs, schema changes, a
+//! truncate, unchanged TOAST, a duplicated object and a kill -9.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::proxy::{Mode, Proxy};
+use common::*;
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use serde_json::{Value, json};
+
+const TABLES_WITH_DOCS: &str = "public.orders,public.customers,public.docs";
+
+/// The python of the venv DuckDB is installed in.
+fn duckdb_python() -> String {
+    let python = std::env::var("WT_TEST_DUCKDB_PYTHON").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/waltail-duckdb-venv/bin/python",
+            std::env::var("HOME").unwrap()
+        )
+    });
+    assert!(
+        Path::new(&python).exists(),
+        "no DuckDB python at {python}: run scripts/duckdb.sh (scripts/services.sh up does)"
+    );
+    python
+}
+
+/// Runs one DuckDB query; its rows as JSON arrays (decimals as strings).
+fn duck(sql: &str) -> Vec<Vec<Value>> {
+    let out = Command::new(duckdb_python())
+        .args([
+            "-c",
+            "import duckdb, json, sys\n\
+             rows = duckdb.sql(sys.argv[1]).fetchall()\n\
+             print(json.dumps([list(r) for r in rows], default=str))",
+            sql,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "duckdb failed on {sql}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap().clone())
+        .collect()
+}
+
+/// Copies every object under `prefix` into `dir` (keys relative to the
+/// prefix), so DuckDB reads the Parquet files exactly as written.
+async fn download(prefix: &str, dir: &Path) {
+    let store = admin_store();
+    let metas: Vec<_> = store
+        .list(Some(&ObjectPath::from(prefix)))
+        .try_collect()
+        .await
+        .unwrap();
+    for meta in metas {
+        let key = meta.location.to_string();
+        let relative = key.strip_prefix(&format!("{prefix}/")).unwrap();
+        let target = dir.join(relative);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let body = store
+            .get(&meta.location)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        std::fs::write(target, body).unwrap();
+    }
+}
+
+/// Every object under `prefix`: key, size, last modified.
+async fn listing(store: &dyn ObjectStore, prefix: &str) -> BTreeSet<(String, u64, String)> {
+    let metas: Vec<_> = store
+        .list(Some(&ObjectPath::from(prefix)))
+        .try_collect()
+        .await
+        .unwrap();
+    metas
+        .into_iter()
+        .map(|m| (m.location.to_string(), m.size, m.last_modified.to_rfc3339()))
+        .collect()
+}
+
+/// A table of the test, with the expressions that bring Postgres and the
+/// compacted Parquet to the same JSON.
+struct Table {
+    name: &'static str,
+    pg: &'static str,
+    duck: &'static str,
+    /// Columns DuckDB returns as JSON text (json, jsonb and array columns).
+    json_columns: &'static [usize],
+}
+
+const ORDERS: Table = Table {
+    name: "orders",
+    pg: "id, customer, status, total::text, items, paid, (extract(epoch from placed_at) * 1000000)::bigint, note, ratio, to_jsonb(tags)",
+    duck: "id, customer, status, CAST(total AS VARCHAR), items, paid, epoch_us(placed_at), note, ratio, tags",
+    json_columns: &[4, 9],
+};
+const CUSTOMERS: Table = Table {
+    name: "customers",
+    pg: "id, name, since::text, score::float8",
+    duck: "id, name, CAST(since AS VARCHAR), score",
+    json_columns: &[],
+};
+const CUSTOMERS_WITH_TIER: Table = Table {
+    name: "customers",
+    pg: "id, name, since::text, score::float8, tier",
+    duck: "id, name, CAST(since AS VARCHAR), score, tier",
+    json_columns: &[],
+};
+const DOCS: Table = Table {
+    name: "docs",
+    pg: "id, md5(body), n",
+    duck: "id, md5(body), n",
+    json_columns: &[],
+};
+
+/// Asserts that DuckDB over `dir/latest/public/<t>/` gives the table's rows.
+async fn assert_latest_equals_source(db: &TestDb, dir: &Path, t: &Table) {
+    let pg: Vec<Vec<Value>> = db
+        .client
+        .query(
+            &format!(
+                "SELECT json_build_array({})::text FROM {} ORDER BY id",
+                t.pg, t.name
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<Value>(&r.get::<_, String>(0))
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .clone()
+        })
+        .collect();
+    let mut parquet = duck(&format!(
+        "SELECT {} FROM read_parquet('{}/latest/public/{}/*.parquet') ORDER BY id",
+        t.duck,
+        dir.display(),
+        t.name
+    ));
+    for row in &mut parquet {
+        for &i in t.json_columns {
+            if let Value::String(s) = &row[i] {
+                row[i] = serde_json::from_str(s).unwrap();
+            }
+        }
+    }
+    // Numbers compare by value: DuckDB's 1.0 is Postgres's 1.
+    let pg: Vec<Vec<Value>> = pg.into_iter().map(numbers_as_f64).collect();
+    let parquet: Vec<Vec<Value>> = parquet.into_iter().map(numbers_as_f64).collect();
+    assert!(
+        !pg.is_empty() || t.name == "customers",
+        "{} is empty",
+        t.name
+    );
+    assert_eq!(parquet, pg, "latest view of {} vs the table", t.name);
+}
+
+fn numbers_as_f64(row: Vec<Value>) -> Vec<Value> {
+    row.into_iter()
+        .map(|v| match v {
+            Value::Number(n) if n.is_i64() && n.as_i64().unwrap().abs() < (1 << 53) => {
+                json!(n.as_f64().unwrap())
+            }
+            other => other,
+        })
+        .collect()
+}
+
+/// Asserts that DuckDB over `dir/parquet/public/<t>/` gives each archived
+/// change of the table exactly once: seq, op, key, and `status` / the
+/// unchanged columns where the table has them.
+fn assert_history_equals_archive(dir: &Path, table: &str, changes: &[Value]) {
+    let expected: Vec<Vec<Value>> = changes
+        .iter()
+        .filter(|c| c["table"] == format!("public.{table}"))
+        .map(|c| {
+            let row = if c["data"].is_object() {
+                &c["data"]
+            } else {
+                &c["old"]
+            };
+            let key = if c["op"] == "truncate" {
+                Value::Null
+            } else {
+                Value::String(json!({"id": row["id"]}).to_string())
+            };
+            let unchanged = match (c["op"].as_str(), c["data"].as_object()) {
+                (Some("update"), Some(d)) if table == "docs" && !d.contains_key("body") => {
+                    json!("[\"body\"]")
+                }
+                _ => Value::Null,
+            };
+            vec![c["seq"].clone(), c["op"].clone(), key, unchanged]
+        })
+        .collect();
+    let extra = if table == "docs" {
+        "_unchanged"
+    } else {
+        "NULL"
+    };
+    let got = duck(&format!(
+        "SELECT _seq, _op, _key, {extra} FROM read_parquet('{}/parquet/public/{table}/*/*.parquet', union_by_name = true) ORDER BY _seq",
+        dir.display()
+    ));
+    assert!(!expected.is_empty(), "no changes of {table}");
+    assert_eq!(got, expected, "history of {table} vs the archive");
+}
+
+/// The archive's NDJSON objects under `prefix` (not the Parquet beside them).
+async fn ndjson_objects(prefix: &str) -> Vec<Object> {
+    let store = admin_store();
+    let metas: Vec<_> = store
+        .list(Some(&ObjectPath::from(prefix)))
+        .try_collect()
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for meta in metas {
+        if !meta.location.as_ref().ends_with(".ndjson") {
+            continue;
+        }
+        let body = store
+            .get(&meta.location)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        out.push(Object {
+            key: meta.location.to_string(),
+            body: String::from_utf8(body.to_vec()).unwrap(),
+            content_type: None,
+        });
+    }
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    out
+}
+
+/// The archive's changes (duplicates planted by the test left out).
+async fn archived_changes(prefix: &str, pipeline: &str) -> Vec<Value> {
+    let objects: Vec<Object> = ndjson_objects(prefix)
+        .await
+        .into_iter()
+        .filter(|o| !o.key.contains("/1999/"))
+        .collect();
+    checked_changes(&objects, Some(prefix), pipeline)
+}
+
+async fn wait_all_archived(db: &TestDb, prefix: &str, pipeline: &str) -> Vec<Value> {
+    wait_replay_equals(
+        db,
+        async || {
+            let mut objects = ndjson_objects(prefix).await;
+            objects.retain(|o| !o.key.contains("/1999/"));
+            objects
+        },
+        Some(prefix),
+        pipeline,
+    )
+    .await;
+    // The docs table is written before the last workload, so it is in too.
+    archived_changes(prefix, pipeline).await
+}
+
+/// Copies an archive object to a second key (a replay under another name).
+async fn duplicate(prefix: &str, pipeline: &str, nth_last: usize) -> String {
+    let store = admin_store();
+    let objects = archived_objects(prefix, pipeline).await;
+    let source = &objects[objects.len() - 1 - nth_last];
+    let name = source.rsplit('/').next().unwrap();
+    let copy = format!("{prefix}/1999/01/01/{name}");
+    let body = store
+        .get(&ObjectPath::from(source.as_str()))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    store
+        .put(&ObjectPath::from(copy.as_str()), PutPayload::from(body))
+        .await
+        .unwrap();
+    assert!(name.starts_with(pipeline));
+    copy
+}
+
+/// Archive object keys, by first seq.
+async fn archived_objects(prefix: &str, pipeline: &str) -> Vec<String> {
+    let mut keys: Vec<(u64, String)> = ndjson_objects(prefix)
+        .await
+        .into_iter()
+        .filter(|o| o.key.ends_with(".ndjson") && !o.key.contains("/1999/"))
+        .map(|o| {
+            let name = o.key.rsplit('/').next().unwrap().to_string();
+            let first: u64 = name
+                .strip_prefix(&format!("{pipeline}-"))
+                .unwrap()
+                .split('-')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            (first, o.key)
+        })
+        .collect();
+    keys.sort();
+    keys.into_iter().map(|(_, k)| k).collect()
+}
+
+fn compact(w: &Waltail, args: &[&str]) -> String {
+    let mut all = vec!["compact"];
+    all.extend_from_slice(args);
+    let (status, stdout, stderr) = w.output(&all);
+    assert!(
+        status.success(),
+        "compact failed ({status}):\n{stdout}\n{stderr}"
+    );
+    stdout
+}
+
+async fn create_tables(db: &TestDb) {
+    db.exec(TABLES).await;
+    // A body stored out of line and uncompressed: an update of `n` alone
+    // leaves it out of the change (unchanged TOAST).
+    db.exec(
+        "CREATE TABLE docs (id int PRIMARY KEY, body text, n int);
+         ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL;",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn compacted_parquet_gives_duckdb_the_tables_and_every_change_across_runs() {
+    let db = TestDb::new("compact").await;
+    create_tables(&db).await;
+    let pipeline = unique("cp").replace('_', "-");
+    let prefix = unique("compact");
+    let mut w = Waltail::new(&db, &pipeline, TABLES_WITH_DOCS);
+    w.s3(&prefix).set("WALTAIL_DELIVERY_BATCH_SIZE", "7");
+    w.start();
+
+    // Run 1: inserts, updates, deletes; large documents.
+    db.exec(
+        "INSERT INTO docs SELECT i, (SELECT string_agg(md5(i::text || j::text), '') FROM generate_series(1, 400) j), 0
+         FROM generate_series(1, 3) i",
+    )
+    .await;
+    mixed_workload(&db, 11, 40, 0).await;
+    let changes = wait_all_archived(&db, &prefix, &pipeline).await;
+    // A replayed batch under another name, before it is compacted.
+    duplicate(&prefix, &pipeline, 2).await;
+
+    let dry = compact(&w, &["--dry-run"]);
+    assert!(dry.contains("would compact"), "{dry}");
+    assert!(
+        !listing(admin_store().as_ref(), &prefix)
+            .await
+            .iter()
+            .any(|o| o.0.contains("parquet")),
+        "a dry run writes nothing"
+    );
+    let out = compact(&w, &[]);
+    assert!(out.contains(&format!("{} changes", changes.len())), "{out}");
+    assert!(
+        out.contains("skipped"),
+        "the duplicate was read and dropped: {out}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    for t in [&ORDERS, &CUSTOMERS, &DOCS] {
+        assert_latest_equals_source(&db, dir.path(), t).await;
+        assert_history_equals_archive(dir.path(), t.name, &changes);
+    }
+    // Typed columns, as the schema records give them.
+    let types = duck(&format!(
+        "SELECT typeof(total), typeof(placed_at), typeof(id), typeof(paid) FROM read_parquet('{}/latest/public/orders/*.parquet') LIMIT 1",
+        dir.path().display()
+    ));
+    assert_eq!(
+        types[0],
+        [
+            json!("DECIMAL(10,2)"),
+            json!("TIMESTAMP WITH TIME ZONE"),
+            json!("BIGINT"),
+            json!("BOOLEAN")
+        ]
+    );
+
+    // Run 2: unchanged TOAST, a truncate, an added column, more of the rest.
+    db.exec("UPDATE docs SET n = n + 1 WHERE id <= 2; DELETE FROM docs WHERE id = 3;")
+        .await;
+    db.exec("TRUNCATE customers").await;
+    db.exec("ALTER TABLE customers ADD COLUMN tier text").await;
+    mixed_workload(&db, 12, 40, 20).await;
+    db.exec("UPDATE customers SET tier = 'gold' WHERE id % 3 = 0")
+        .await;
+    mixed_workload(&db, 13, 5, 20).await;
+    let changes = wait_all_archived(&db, &prefix, &pipeline).await;
+    assert!(
+        changes.iter().any(|c| c["op"] == "truncate"),
+        "the truncate is archived"
+    );
+    assert!(
+        changes.iter().any(|c| c["table"] == "public.docs"
+            && c["op"] == "update"
+            && !c["data"].as_object().unwrap().contains_key("body")),
+        "an update leaves the unchanged TOASTed body out"
+    );
+    // A duplicate of an object compacted by run 1, and one of run 2's.
+    duplicate(
+        &prefix,
+        &pipeline,
+        archived_objects(&prefix, &pipeline).await.len() - 1,
+    )
+    .await;
+    duplicate(&prefix, &pipeline, 1).await;
+
+    let out = compact(&w, &[]);
+    assert!(out.contains("compacted"), "{out}");
+    assert!(
+        out.contains("skipped"),
+        "the duplicate was read and dropped: {out}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    for t in [&ORDERS, &CUSTOMERS_WITH_TIER, &DOCS] {
+        assert_latest_equals_source(&db, dir.path(), t).await;
+        assert_history_equals_archive(dir.path(), t.name, &changes);
+    }
+    // Only the current generation is left in latest/.
+    let latest_files = std::fs::read_dir(dir.path().join("latest/public/orders"))
+        .unwrap()
+        .count();
+    assert_eq!(latest_files, 1);
+    assert!(
+        !dir.path().join("_waltail/compaction/staging").exists(),
+        "staged latest-view files are moved into latest/"
+    );
+
+    // Run 3: nothing new, nothing written.
+    let before = listing(admin_store().as_ref(), &prefix).await;
+    let out = compact(&w, &[]);
+    assert!(out.contains("nothing new to compact"), "{out}");
+    assert_eq!(listing(admin_store().as_ref(), &prefix).await, before);
+
+    w.stop();
+    db.drop_db().await;
+}
+
+/// The manifest as stored, or null.
+async fn manifest(prefix: &str) -> Value {
+    match admin_store()
+        .get(&ObjectPath::from(format!(
+            "{prefix}/_waltail/compaction/manifest.json"
+        )))
+        .await
+    {
+        Ok(got) => serde_json::from_slice(&got.bytes().await.unwrap()).unwrap(),
+        Err(_) => Value::Null,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compaction_killed_midway_is_completed_by_the_next_run_without_duplicates() {
+    let db = TestDb::new("compactkill").await;
+    create_tables(&db).await;
+    let pipeline = unique("ck").replace('_', "-");
+    let prefix = unique("compactkill");
+    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
+    w.s3(&prefix).set("WALTAIL_DELIVERY_BATCH_SIZE", "3");
+    w.start();
+    mixed_workload(&db, 21, 60, 0).await;
+    let changes = wait_all_archived(&db, &prefix, &pipeline).await;
+    w.stop();
+
+    // Through a slow link, so the run is still reading when it is killed;
+    // small history files, so some are complete by then.
+    let s3 = s3();
+    let target = s3.endpoint.trim_start_matches("http://").parse().unwrap();
+    let proxy = Proxy::start(target);
+    proxy.set_mode(Mode::Delay(Duration::from_millis(15)));
+    w.set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
+        .set("WALTAIL_COMPACT_FILE_BYTES", "3000");
+    w.spawn(&["compact"]);
+    let start = Instant::now();
+    loop {
+        let history = listing(admin_store().as_ref(), &format!("{prefix}/parquet")).await;
+        if !history.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no history file was written:\n{}",
+            w.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.set_mode(Mode::Blackhole);
+    w.kill9();
+    let interrupted = manifest(&prefix).await;
+    assert!(
+        interrupted["pending"].is_object(),
+        "killed before its commit, the run's plan is pending: {interrupted}"
+    );
+    // What a reader sees meanwhile: complete files, no seq twice, no latest view.
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    let partial = duck(&format!(
+        "SELECT count(*), count(DISTINCT _seq) FROM read_parquet('{}/parquet/*/*/*/*.parquet')",
+        dir.path().display()
+    ));
+    assert_eq!(partial[0][0], partial[0][1], "a seq seen twice");
+    assert!(!dir.path().join("latest").exists());
+
+    // The next run, with other settings, completes exactly that plan.
+    proxy.set_mode(Mode::Pass);
+    w.set("WALTAIL_DESTINATION_ENDPOINT", &s3.endpoint)
+        .set("WALTAIL_COMPACT_FILE_BYTES", "100000000");
+    let out = compact(&w, &[]);
+    assert!(out.contains("completed an interrupted run"), "{out}");
+    let done = manifest(&prefix).await;
+    assert!(done["pending"].is_null(), "{done}");
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    for t in [&ORDERS, &CUSTOMERS] {
+        assert_latest_equals_source(&db, dir.path(), t).await;
+        assert_history_equals_archive(dir.path(), t.name, &changes);
+    }
+    let before = listing(admin_store().as_ref(), &prefix).await;
+    let out = compact(&w, &[]);
+    assert!(out.contains("nothing new to compact"), "{out}");
+    assert_eq!(listing(admin_store().as_ref(), &prefix).await, before);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_local_folder_archive_compacts_in_place() {
+    let db = TestDb::new("compactfile").await;
+    create_tables(&db).await;
+    let pipeline = unique("cf").replace('_', "-");
+    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
+    let archive: PathBuf = w.dir.path().join("archive");
+    w.set("WALTAIL_DESTINATION_TYPE", "file")
+        .set("WALTAIL_DESTINATION_PATH", archive.to_str().unwrap())
+        .set("WALTAIL_COMPACT_COMPRESSION", "snappy");
+    w.start();
+    mixed_workload(&db, 31, 30, 0).await;
+    let root = archive.clone();
+    let changes = wait_replay_equals(&db, async || file_objects(&root), None, &pipeline).await;
+    let out = compact(&w, &["public.orders", "public.customers"]);
+    assert!(out.contains(&format!("{} changes", changes.len())), "{out}");
+    for t in [&ORDERS, &CUSTOMERS] {
+        assert_latest_equals_source(&db, &archive, t).await;
+        assert_history_equals_archive(&archive, t.name, &changes);
+    }
+    let codec = duck(&format!(
+        "SELECT DISTINCT compression FROM parquet_metadata('{}/latest/public/orders/*.parquet')",
+        archive.display()
+    ));
+    assert_eq!(codec, [[json!("SNAPPY")]]);
+    let out = compact(&w, &[]);
+    assert!(out.contains("nothing new to compact"), "{out}");
+    let (status, _, stderr) = w.output(&["compact", "public.nope"]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("public.nope"), "{stderr}");
+    w.stop();
+    db.drop_db().await;
+}
