@@ -26,15 +26,6 @@ use common::proxy::{Mode, Proxy};
 use common::*;
 use serde_json::{Value, json};
 
-fn s3_addr() -> std::net::SocketAddr {
-    let endpoint = s3().endpoint;
-    let hostport = endpoint.trim_start_matches("http://");
-    std::net::ToSocketAddrs::to_socket_addrs(hostport)
-        .unwrap()
-        .next()
-        .unwrap()
-}
-
 // ---- headless Chromium over the DevTools protocol ----
 
 /// The browser: WT_TEST_CHROMIUM (scripts/services.sh sets it), else

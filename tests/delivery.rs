@@ -10,15 +10,6 @@ use common::pg::DedicatedPg;
 use common::proxy::{Mode, Proxy};
 use common::*;
 
-fn s3_addr() -> std::net::SocketAddr {
-    let endpoint = s3().endpoint;
-    let hostport = endpoint.trim_start_matches("http://");
-    std::net::ToSocketAddrs::to_socket_addrs(hostport)
-        .unwrap()
-        .next()
-        .unwrap()
-}
-
 /// Seqs present in the archive under `prefix`.
 async fn archived_seqs(prefix: &str) -> Vec<u64> {
     seqs_of(&s3_objects(prefix).await)

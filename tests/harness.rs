@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::ToSocketAddrs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,12 +13,6 @@ use common::proxy::{Mode, Proxy};
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig};
-
-fn s3_addr() -> SocketAddr {
-    let endpoint = common::s3().endpoint;
-    let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
-    host.to_socket_addrs().unwrap().next().unwrap()
-}
 
 /// Like common::admin_store, through `endpoint`, with a 2 s timeout and no retries.
 fn store_via(endpoint: &str) -> Arc<dyn ObjectStore> {
@@ -74,7 +68,7 @@ async fn read_back(key: &str) -> String {
 
 #[tokio::test]
 async fn proxy_injects_faults_into_s3_puts() {
-    let proxy = Proxy::start(s3_addr());
+    let proxy = Proxy::start(common::s3_addr());
     let store = store_via(&proxy.url());
     let prefix = common::unique("harness");
 
@@ -226,7 +220,7 @@ async fn dedicated_pg_starts_restarts_and_cleans_up() {
 #[test]
 fn proxy_resets_cuts_and_blackholes_at_the_byte_level() {
     use std::io::{ErrorKind, Read, Write};
-    let proxy = Proxy::start(s3_addr());
+    let proxy = Proxy::start(common::s3_addr());
     let request = b"GET / HTTP/1.1\r\nHost: s3\r\nConnection: close\r\n\r\n";
 
     let mut pass = std::net::TcpStream::connect(proxy.addr()).unwrap();

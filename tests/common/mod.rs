@@ -700,3 +700,13 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (code, body)
 }
+
+/// The test S3 server's socket address (for fault-injecting proxies).
+pub fn s3_addr() -> std::net::SocketAddr {
+    let endpoint = s3().endpoint;
+    let hostport = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    std::net::ToSocketAddrs::to_socket_addrs(hostport)
+        .unwrap()
+        .next()
+        .unwrap()
+}
