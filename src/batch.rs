@@ -21,7 +21,7 @@ use crate::envelope::{self, Change, TableRef};
 
 /// A batch is also cut once its body reaches this size, so wide rows (large
 /// TOASTed values) cannot make one object, and the memory holding the batches
-/// in flight, grow without bound: at most `max_in_flight + 2` batches of
+/// in flight, grow without bound: at most `2 × max_in_flight + 1` batches of
 /// about this size are in memory at once.
 pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
 
@@ -357,5 +357,184 @@ mod tests {
         let x = ready(a.push(2, &change(2)));
         let y = ready(b.push(2, &change(2)));
         assert_eq!(x.body, y.body);
+    }
+
+    /// The state a crash leaves, as the pipeline keeps it (see
+    /// `pipeline::record_waiting` and `persist`).
+    #[derive(Default)]
+    struct Model {
+        /// first_seq -> (last_seq, done)
+        intents: std::collections::BTreeMap<u64, (u64, bool)>,
+        next_seq: u64,
+        /// Every object ever written: (first_seq, last_seq).
+        objects: HashSet<(u64, u64)>,
+    }
+
+    impl Model {
+        fn open_intents(&self) -> Vec<Intent> {
+            self.intents
+                .iter()
+                .filter(|(_, (last, _))| *last >= self.next_seq)
+                .map(|(&first_seq, &(last_seq, done))| Intent {
+                    first_seq,
+                    last_seq,
+                    done,
+                })
+                .collect()
+        }
+    }
+
+    /// One run of a pipeline from the model's cursor to `end`: cuts by
+    /// size, by linger at random; cut batches wait, and are recorded
+    /// (all those waiting at once) when the first of them starts; PUTs
+    /// finish out of order; done marks go with the cursor at random times.
+    /// At `crash_at`, the PUTs in flight may or may not have been written.
+    fn run(
+        model: &mut Model,
+        rng: &mut fastrand::Rng,
+        batch_size: usize,
+        end: u64,
+        crash_at: Option<u64>,
+    ) {
+        use std::collections::BTreeMap;
+        let mut b = Batcher::new(
+            batch_size,
+            Duration::from_secs(1),
+            Uuid::nil(),
+            model.open_intents(),
+        )
+        .with_read_batch_size(batch_size * 3);
+        let mut waiting: VecDeque<Batch> = VecDeque::new();
+        let mut in_flight: Vec<Batch> = Vec::new();
+        let mut done: Vec<u64> = Vec::new();
+        let mut written: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut frontier = model.next_seq - 1;
+        let advance = |written: &mut BTreeMap<u64, u64>, frontier: &mut u64| {
+            while let Some(last) = written.remove(&(*frontier + 1)) {
+                *frontier = last;
+            }
+        };
+        let persist = |model: &mut Model, done: &mut Vec<u64>, frontier: u64| {
+            for f in done.drain(..) {
+                model
+                    .intents
+                    .get_mut(&f)
+                    .expect("recorded before its PUT")
+                    .1 = true;
+            }
+            model.next_seq = frontier + 1;
+            model.intents.retain(|_, (last, _)| *last >= frontier + 1);
+        };
+        let start =
+            |model: &mut Model, waiting: &mut VecDeque<Batch>, in_flight: &mut Vec<Batch>| {
+                while in_flight.len() < 4 {
+                    let Some(front) = waiting.front() else { break };
+                    if !front.recorded {
+                        for w in waiting.iter_mut() {
+                            model
+                                .intents
+                                .entry(w.first_seq)
+                                .or_insert((w.last_seq, false));
+                            w.recorded = true;
+                        }
+                    }
+                    in_flight.push(waiting.pop_front().expect("front exists"));
+                }
+            };
+        for seq in model.next_seq..=end {
+            if crash_at == Some(seq) {
+                for batch in in_flight {
+                    if rng.bool() {
+                        model.objects.insert((batch.first_seq, batch.last_seq));
+                    }
+                }
+                return;
+            }
+            // Read events come in runs (a backfill chunk), streamed changes between.
+            let op = if (seq / 37) % 3 == 0 {
+                Op::Read
+            } else {
+                Op::Insert
+            };
+            let mut cuts: Vec<Cut> = b
+                .push(seq, &Change { op, ..change(seq) })
+                .into_iter()
+                .collect();
+            if rng.u8(..) < 8 {
+                cuts.extend(b.take().map(Cut::Ready));
+            }
+            for cut in cuts {
+                match cut {
+                    Cut::Ready(batch) => waiting.push_back(batch),
+                    Cut::AlreadyWritten {
+                        first_seq,
+                        last_seq,
+                    } => {
+                        written.insert(first_seq, last_seq);
+                        advance(&mut written, &mut frontier);
+                    }
+                }
+            }
+            start(model, &mut waiting, &mut in_flight);
+            while !in_flight.is_empty() && rng.u8(..) < 100 {
+                let batch = in_flight.swap_remove(rng.usize(..in_flight.len()));
+                model.objects.insert((batch.first_seq, batch.last_seq));
+                done.push(batch.first_seq);
+                written.insert(batch.first_seq, batch.last_seq);
+                advance(&mut written, &mut frontier);
+                start(model, &mut waiting, &mut in_flight);
+            }
+            if rng.u8(..) < 20 {
+                persist(model, &mut done, frontier);
+            }
+        }
+        waiting.extend(b.take());
+        while !waiting.is_empty() || !in_flight.is_empty() {
+            start(model, &mut waiting, &mut in_flight);
+            for batch in in_flight.drain(..) {
+                model.objects.insert((batch.first_seq, batch.last_seq));
+                done.push(batch.first_seq);
+                written.insert(batch.first_seq, batch.last_seq);
+            }
+        }
+        advance(&mut written, &mut frontier);
+        persist(model, &mut done, frontier);
+        assert_eq!(frontier, end, "every seq is written");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+        /// Crashes anywhere, with a change of batch size in between or not,
+        /// never write two different objects over the same seqs, and in the
+        /// end every seq is in an object.
+        #[test]
+        fn crashes_never_write_a_seq_range_twice_differently(
+            seed in proptest::prelude::any::<u64>(),
+            crashes in 1usize..4,
+            change_size in proptest::prelude::any::<bool>(),
+        ) {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut model = Model { next_seq: 1, ..Model::default() };
+            let mut batch_size = 7;
+            let end = 3_000;
+            for _ in 0..crashes {
+                let crash_at = rng.u64(model.next_seq..=end);
+                run(&mut model, &mut rng, batch_size, end, Some(crash_at));
+                if change_size {
+                    batch_size = rng.usize(1..15);
+                }
+            }
+            run(&mut model, &mut rng, batch_size, end, None);
+            let mut objects: Vec<_> = model.objects.iter().copied().collect();
+            objects.sort();
+            for pair in objects.windows(2) {
+                proptest::prop_assert!(
+                    pair[0].1 < pair[1].0,
+                    "objects {:?} and {:?} overlap", pair[0], pair[1]
+                );
+            }
+            let covered: u64 = objects.iter().map(|(f, l)| l - f + 1).sum();
+            proptest::prop_assert_eq!(covered, end);
+        }
     }
 }

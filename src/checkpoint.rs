@@ -301,14 +301,32 @@ impl Checkpoint {
 
     /// Records a batch's seq range before its PUT (durable on return).
     pub fn record_intent(&mut self, first_seq: u64, last_seq: u64) -> Result<()> {
-        self.conn
-            .execute(
-                "INSERT INTO intents (first_seq, last_seq, done) VALUES (?1, ?2, 0)
-                 ON CONFLICT (first_seq) DO NOTHING",
-                params![first_seq as i64, last_seq as i64],
-            )
-            .map(|_| ())
-            .map_err(self.err())
+        self.record_intents(&[(first_seq, last_seq)])
+    }
+
+    /// Records the seq ranges of several batches in one transaction (one
+    /// sync to disk for all of them; durable on return).
+    pub fn record_intents(&mut self, ranges: &[(u64, u64)]) -> Result<()> {
+        let path = self.path.display().to_string();
+        let err = |source| Error::State {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(err)?;
+        {
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT INTO intents (first_seq, last_seq, done) VALUES (?1, ?2, 0)
+                     ON CONFLICT (first_seq) DO NOTHING",
+                )
+                .map_err(err)?;
+            for &(first_seq, last_seq) in ranges {
+                insert
+                    .execute(params![first_seq as i64, last_seq as i64])
+                    .map_err(err)?;
+            }
+        }
+        tx.commit().map_err(err)
     }
 
     /// Marks written batches done and, in the same transaction, moves the
@@ -376,9 +394,11 @@ impl Checkpoint {
             ],
         )
         .map_err(err)?;
+        // A batch held before its PUT may have no intent yet.
         tx.execute(
-            "UPDATE intents SET done = 1 WHERE first_seq = ?1",
-            [p.first_seq as i64],
+            "INSERT INTO intents (first_seq, last_seq, done) VALUES (?1, ?2, 1)
+             ON CONFLICT (first_seq) DO UPDATE SET done = 1",
+            params![p.first_seq as i64, p.last_seq as i64],
         )
         .map_err(err)?;
         tx.commit().map_err(err)

@@ -50,6 +50,8 @@ const EVENT_CHANNEL: usize = 4096;
 /// blocked, and at least three times per wal_sender_timeout (see
 /// [`status_interval`]), so the server never drops us as unresponsive.
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);
+/// Events handled per turn of the pipeline's loop when they are queued.
+const DRAIN_BURST: usize = 256;
 /// How often the confirmed position is persisted and sent while changes flow.
 const CONFIRM_INTERVAL: Duration = Duration::from_millis(100);
 /// How often the state is checked for replay requests from `waltail parked replay`.
@@ -327,6 +329,7 @@ async fn session(
         txns: VecDeque::new(),
         open_txn: false,
         waiting: VecDeque::new(),
+        waiting_max: config.delivery.max_in_flight.max(1),
         confirm: confirm_tx,
         stats: Stats::default(),
         window: None,
@@ -566,6 +569,8 @@ struct Pipeline<'a> {
     open_txn: bool,
     /// Cut batches waiting for an upload slot, in seq order.
     waiting: VecDeque<Batch>,
+    /// How many batches may wait (`delivery.max_in_flight`).
+    waiting_max: usize,
     confirm: watch::Sender<u64>,
     stats: Stats,
     /// The backfill chunk whose watermarks are being passed, if any.
@@ -603,7 +608,10 @@ impl Pipeline<'_> {
                     Ended::SourceClosed => Ended::SourceClosed,
                 });
             }
-            let accepting = stopping.is_none() && source_open && self.waiting.is_empty();
+            // Batches cut while the uploads are busy wait (up to
+            // max_in_flight of them), so their intents share a sync.
+            let accepting =
+                stopping.is_none() && source_open && self.waiting.len() < self.waiting_max;
             let linger = self.batcher.deadline();
             tokio::select! {
                 biased;
@@ -653,7 +661,21 @@ impl Pipeline<'_> {
                     }
                 }
                 event = rx.recv(), if accepting => match event {
-                    Some(event) => self.event(event).await?,
+                    Some(event) => {
+                        self.event(event).await?;
+                        // The events already there, without another turn
+                        // of the loop each (the stop request and finished
+                        // uploads are looked at between bursts).
+                        for _ in 0..DRAIN_BURST {
+                            if self.waiting.len() >= self.waiting_max {
+                                break;
+                            }
+                            match rx.try_recv() {
+                                Ok(event) => self.event(event).await?,
+                                Err(_) => break,
+                            }
+                        }
+                    }
                     None => {
                         source_open = false;
                         if stopping.is_none() {
@@ -916,7 +938,8 @@ impl Pipeline<'_> {
         Ok(())
     }
 
-    /// Records the batch's intent (durably, before any PUT) and queues it.
+    /// Queues a cut batch; its intent is recorded before its PUT starts
+    /// (see [`Pipeline::record_waiting`]).
     fn enqueue(&mut self, mut batch: Batch) -> Result<()> {
         batch.key = layout::batch_key(
             self.prefix.as_deref(),
@@ -925,11 +948,26 @@ impl Pipeline<'_> {
             batch.first_seq,
             batch.last_seq,
         );
-        if !batch.recorded {
-            self.checkpoint
-                .record_intent(batch.first_seq, batch.last_seq)?;
-        }
         self.waiting.push_back(batch);
+        Ok(())
+    }
+
+    /// Records the intents of every waiting batch not recorded yet, in one
+    /// transaction: one sync to disk covers all the batches cut while the
+    /// uploads were busy, instead of one per batch. Recorded intents stay a
+    /// prefix of the cut batches (waiting is in seq order), so a restart
+    /// re-forms them and batches anew after the last.
+    fn record_waiting(&mut self) -> Result<()> {
+        let ranges: Vec<(u64, u64)> = self
+            .waiting
+            .iter()
+            .filter(|b| !b.recorded)
+            .map(|b| (b.first_seq, b.last_seq))
+            .collect();
+        self.checkpoint.record_intents(&ranges)?;
+        for b in self.waiting.iter_mut() {
+            b.recorded = true;
+        }
         Ok(())
     }
 
@@ -963,6 +1001,9 @@ impl Pipeline<'_> {
             }
             match self.delivery.can_start(batch) {
                 Ok(()) => {
+                    if !batch.recorded {
+                        self.record_waiting()?;
+                    }
                     let batch = self.waiting.pop_front().expect("front exists");
                     self.delivery.start(batch);
                 }
