@@ -410,6 +410,7 @@ async fn fetch_all(client: &Client, plan: &TablePlan, limit: u64) -> Result<Chun
             .await
             .map_err(pg)?;
         let mut got = 0usize;
+        let mut last_row = None;
         for m in &messages {
             if let SimpleQueryMessage::Row(row) = m {
                 got += 1;
@@ -417,13 +418,17 @@ async fn fetch_all(client: &Client, plan: &TablePlan, limit: u64) -> Result<Chun
                 let (data, hash) = plan.shape.render((0..row.len()).map(|i| row.get(i)));
                 bytes += data.len();
                 rows.push((hash, data));
-                let key: Vec<&str> = plan
-                    .key
-                    .iter()
-                    .map(|(_, _, place)| row.get(*place).unwrap_or_default())
-                    .collect();
-                last_key = Some(serde_json::to_string(&key).expect("strings serialise"));
+                last_row = Some(row);
             }
+        }
+        // Only the last row's key matters: the next chunk starts after it.
+        if let Some(row) = last_row {
+            let key: Vec<&str> = plan
+                .key
+                .iter()
+                .map(|(_, _, place)| row.get(*place).unwrap_or_default())
+                .collect();
+            last_key = Some(serde_json::to_string(&key).expect("strings serialise"));
         }
         if bytes >= MAX_CHUNK_BYTES {
             // More rows may follow: the next chunk starts after this one.
