@@ -185,8 +185,10 @@ async fn chunks(
         let chunk = state.new_chunk(id)?;
         let started = std::time::Instant::now();
         emit(client, &config.pipeline, chunk, Mark::Low).await?;
+        let mut read_took = std::time::Duration::ZERO;
         let read = async {
             let rows = read_chunk(client, &plan, after.as_deref(), backfill.chunk_size).await?;
+            read_took = started.elapsed();
             state.store_chunk(
                 chunk,
                 &rows.rows,
@@ -207,7 +209,7 @@ async fn chunks(
             }
         };
         emit(client, &config.pipeline, chunk, Mark::High).await?;
-        tracing::debug!(chunk, rows = rows.rows.len(), took = ?started.elapsed(), "backfill chunk read and stored");
+        tracing::debug!(chunk, rows = rows.rows.len(), read = ?read_took, took = ?started.elapsed(), "backfill chunk read and stored");
         ahead.push_back(chunk);
         if rows.is_last {
             // Done once the pipeline has passed the last chunk.
