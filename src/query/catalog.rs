@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(
             "2026-11-30T08:00:00+01:00".parse::<At>(),
             Ok(At::Time(
-                DateTime::from_timestamp(1_764_486_000, 0).unwrap()
+                DateTime::from_timestamp(1_796_022_000, 0).unwrap()
             ))
         );
         assert!("yesterday".parse::<At>().unwrap_err().contains("RFC 3339"));

@@ -119,7 +119,7 @@ impl Query {
                 t.to_rfc3339()
             );
         }
-        Ok(session(Arc::new(archive))?)
+        session(Arc::new(archive))
     }
 
     /// Runs every statement of `sql`, printing each result.

@@ -182,7 +182,6 @@ fn internal_session(archive: &Archive) -> SessionContext {
 
 /// A Parquet table over explicit files or a folder, read as `schema`.
 fn parquet_table(
-    ctx: &SessionContext,
     urls: Vec<String>,
     schema: arrow::datatypes::SchemaRef,
     partition_by_date: bool,
@@ -192,10 +191,9 @@ fn parquet_table(
     if partition_by_date {
         options = options.with_table_partition_cols(vec![("date".into(), DataType::Date32)]);
     }
-    let _ = ctx;
     let urls = urls
         .iter()
-        .map(|u| ListingTableUrl::parse(u))
+        .map(ListingTableUrl::parse)
         .collect::<DfResult<Vec<_>>>()?;
     let config = ListingTableConfig::new_with_multi_paths(urls)
         .with_listing_options(options)
@@ -224,12 +222,7 @@ fn history_table(
                 "{}/",
                 table_dir(archive.prefix.as_deref(), "parquet", shape)
             );
-            let compacted = parquet_table(
-                &internal_session(archive),
-                vec![table_url(&dir)],
-                history_schema(shape),
-                true,
-            )?;
+            let compacted = parquet_table(vec![table_url(&dir)], history_schema(shape), true)?;
             // Files of a compaction still running hold seqs from `next`:
             // those are read from the NDJSON.
             LogicalPlanBuilder::scan("compacted", provider_as_source(compacted), None)?
@@ -293,7 +286,6 @@ async fn latest_table(
     } else {
         Some(
             parquet_table(
-                &ctx,
                 files.iter().map(|f| table_url(f)).collect(),
                 latest_schema(shape),
                 false,
@@ -485,8 +477,7 @@ async fn replay_history(
     files.sort();
     let schema = history_schema(shape);
     for (_, key) in files {
-        let table =
-            parquet_table(ctx, vec![table_url(&key)], Arc::clone(&schema), false).map_err(df)?;
+        let table = parquet_table(vec![table_url(&key)], Arc::clone(&schema), false).map_err(df)?;
         let batches = ctx
             .read_table(table as Arc<dyn TableProvider>)
             .and_then(|t| t.filter(ident("_seq").lt_eq(lit(n as i64))))
