@@ -110,9 +110,9 @@ const CUSTOMERS: Table = Table {
 };
 const DOCS: Table = Table {
     name: "docs",
-    pg: "id, body, n",
-    query: "id, body, n",
-    duck: "id, body, n",
+    pg: "id, body, n, tag",
+    query: "id, body, n, tag",
+    duck: "id, body, n, tag",
     json_columns: &[],
 };
 
@@ -131,6 +131,17 @@ fn normalize(rows: Vec<Vec<Value>>, t: &Table) -> Vec<Vec<Value>> {
             for &i in t.json_columns {
                 if let Value::String(s) = &row[i] {
                     row[i] = serde_json::from_str(s).unwrap();
+                }
+            }
+            // Long texts (the TOASTed bodies) as a digest, so a failure prints short.
+            for v in row.iter_mut() {
+                if let Value::String(s) = v
+                    && s.len() > 64
+                {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    s.hash(&mut h);
+                    *v = json!(format!("{} chars, hash {:x}", s.len(), h.finish()));
                 }
             }
             numbers_as_f64(row)
@@ -246,9 +257,7 @@ async fn create_tables(db: &TestDb) {
     // leaves it out of the change (unchanged TOAST).
     db.exec(
         "CREATE TABLE docs (id int PRIMARY KEY, body text, n int);
-         ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL;
-         INSERT INTO docs SELECT i, (SELECT string_agg(md5(i::text || j::text), '') FROM generate_series(1, 400) j), 0
-         FROM generate_series(1, 4) i;",
+         ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL;",
     )
     .await;
 }
@@ -257,24 +266,64 @@ async fn create_tables(db: &TestDb) {
 async fn all_archived(db: &TestDb, prefix: &str, pipeline: &str) -> Vec<Value> {
     wait_replay_equals(
         db,
-        async || {
-            s3_objects(prefix)
-                .await
-                .into_iter()
-                .filter(|o| o.key.ends_with(".ndjson"))
-                .collect()
-        },
+        async || ndjson_objects(prefix).await,
         Some(prefix),
         pipeline,
     )
     .await
 }
 
+/// The archive's NDJSON objects under `prefix` (not the Parquet beside them).
+async fn ndjson_objects(prefix: &str) -> Vec<Object> {
+    let store = admin_store();
+    let metas: Vec<_> = store
+        .list(Some(&ObjectPath::from(prefix)))
+        .try_collect()
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for meta in metas {
+        if !meta.location.as_ref().ends_with(".ndjson") {
+            continue;
+        }
+        let body = store
+            .get(&meta.location)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        out.push(Object {
+            key: meta.location.to_string(),
+            body: String::from_utf8(body.to_vec()).unwrap(),
+            content_type: None,
+        });
+    }
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    out
+}
+
+/// The archive's changes as they are now (at least `before`).
+async fn all_archived_now(prefix: &str, pipeline: &str, before: Vec<Value>) -> Vec<Value> {
+    let mut objects: Vec<Object> = Vec::new();
+    for _ in 0..100 {
+        objects = ndjson_objects(prefix).await;
+        if contiguous(&objects) {
+            break;
+        }
+        // An earlier upload may land after a later one.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let now = checked_changes(&objects, Some(prefix), pipeline);
+    assert!(now.len() >= before.len());
+    now
+}
+
 /// Waits until the archive holds the docs update that set `n = marker`
 /// (the docs table is not in wait_replay_equals's comparison).
 async fn wait_docs(prefix: &str, marker: i64) {
     for _ in 0..300 {
-        let found = s3_objects(prefix).await.iter().any(|o| {
+        let found = ndjson_objects(prefix).await.iter().any(|o| {
             o.key.ends_with(".ndjson")
                 && o.body.lines().any(|l| {
                     let v: Value = serde_json::from_str(l).unwrap();
@@ -300,7 +349,7 @@ async fn the_latest_view_equals_the_source_before_and_after_compaction_and_with_
     w.start();
     db.exec(
         "INSERT INTO docs SELECT i, (SELECT string_agg(md5(i::text || j::text), '') FROM generate_series(1, 400) j), 0
-         FROM generate_series(5, 6) i",
+         FROM generate_series(1, 6) i",
     )
     .await;
 
@@ -309,12 +358,13 @@ async fn the_latest_view_equals_the_source_before_and_after_compaction_and_with_
     mixed_workload(&db, 41, 30, 0).await;
     db.exec("UPDATE docs SET n = 1 WHERE id IN (5, 6)").await;
     db.exec("TRUNCATE customers").await;
-    db.exec("ALTER TABLE orders ADD COLUMN region text").await;
+    db.exec("ALTER TABLE docs ADD COLUMN tag text").await;
     mixed_workload(&db, 42, 30, 0).await;
-    db.exec("UPDATE orders SET region = 'eu' WHERE id % 2 = 0")
+    db.exec("UPDATE docs SET tag = 'late', n = 3 WHERE id = 4")
         .await;
     let changes1 = all_archived(&db, &prefix, &pipeline).await;
-    wait_docs(&prefix, 1).await;
+    wait_docs(&prefix, 3).await;
+    let changes1 = all_archived_now(&prefix, &pipeline, changes1).await;
     let seq1 = changes1.len() as i64;
     let snapshot1 = pg_rows(&db, &ORDERS).await;
     let docs1 = pg_rows(&db, &DOCS).await;
@@ -328,22 +378,6 @@ async fn the_latest_view_equals_the_source_before_and_after_compaction_and_with_
     for t in [&ORDERS, &CUSTOMERS, &DOCS] {
         assert_query_equals_source(&w, &db, t, "before any compaction").await;
     }
-    let region = query_json(
-        &w,
-        &[],
-        "SELECT count(*) FROM public.orders WHERE region = 'eu'",
-    );
-    assert_eq!(
-        region[0][0],
-        json!(
-            db.client
-                .query_one("SELECT count(*) FROM orders WHERE region = 'eu'", &[])
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
-        ),
-        "the added column"
-    );
     assert_eq!(
         scalar(&w, &[], "SELECT count(*) FROM waltail.changes"),
         seq1,
@@ -406,6 +440,7 @@ async fn the_latest_view_equals_the_source_before_and_after_compaction_and_with_
         .await;
     let changes3 = all_archived(&db, &prefix, &pipeline).await;
     wait_docs(&prefix, 2).await;
+    let changes3 = all_archived_now(&prefix, &pipeline, changes3).await;
     assert!(changes3.len() > changes1.len());
     for t in [&ORDERS, &CUSTOMERS, &DOCS] {
         assert_query_equals_source(&w, &db, t, "with an uncompacted tail").await;

@@ -89,10 +89,6 @@ pub async fn write(
                     w.write(&b)?;
                 }
                 w.finish()?;
-                if rows == 0 {
-                    // ArrayWriter writes nothing for no rows.
-                    write!(out, "[]")?;
-                }
                 writeln!(out)?;
             }
             Format::Ndjson => {
@@ -197,6 +193,25 @@ mod tests {
         let table = render(Format::Table).await;
         assert!(table.contains("| 1  | a,b  |"), "{table}");
         assert!(table.ends_with("(2 rows)\n"), "{table}");
+    }
+
+    #[tokio::test]
+    async fn no_rows_is_an_empty_array_or_a_header() {
+        let empty = |format| async move {
+            let schema = stream().schema();
+            let none: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                futures::stream::iter(Vec::new()),
+            ));
+            let mut out = Vec::new();
+            write(&mut out, format, none, |e| Error::fatal(e.to_string(), ""))
+                .await
+                .unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(empty(Format::Json).await, "[]\n");
+        assert_eq!(empty(Format::Csv).await, "id,name\n");
+        assert_eq!(empty(Format::Ndjson).await, "");
     }
 
     /// A writer whose reader has gone.

@@ -398,13 +398,13 @@ impl PartitionStream for TailPartition {
     }
 }
 
-/// The envelopes of one object as they reach a reader: each seq once, in the
-/// object's order.
+/// The envelopes of one object as they reach a reader, with their line
+/// index: each seq once, in the object's order.
 pub fn envelopes<'a>(
     o: &'a Object,
     body: &'a [u8],
     bounds: &'a Bounds,
-) -> impl Iterator<Item = Result<Envelope>> + 'a {
+) -> impl Iterator<Item = Result<(usize, Envelope)>> + 'a {
     body.split(|&b| b == b'\n')
         .enumerate()
         .filter(|(_, line)| !line.is_empty())
@@ -414,7 +414,7 @@ pub fn envelopes<'a>(
                 Err(e) => return Some(Err(bad_line(o, n, e.to_string()))),
             };
             (env.seq >= o.from_seq && env.seq >= bounds.min_seq && env.seq <= bounds.max_seq)
-                .then_some(Ok(env))
+                .then_some(Ok((n, env)))
         })
 }
 
@@ -439,7 +439,7 @@ fn object_batch(
         TailKind::Changes => {
             let mut envs = Vec::new();
             for env in envelopes(o, body, bounds) {
-                envs.push(env?);
+                envs.push(env?.1);
             }
             let text = |f: &dyn Fn(&Envelope) -> Option<String>| -> ArrayRef {
                 Arc::new(envs.iter().map(f).collect::<StringArray>())
@@ -482,8 +482,8 @@ pub fn typed_changes(
     bounds: &Bounds,
 ) -> Result<Vec<TypedChange>> {
     let mut out = Vec::new();
-    for (n, env) in envelopes(o, body, bounds).enumerate() {
-        let env = env?;
+    for env in envelopes(o, body, bounds) {
+        let (n, env) = env?;
         if env.table != shape.table {
             continue;
         }
@@ -593,7 +593,7 @@ mod tests {
             ..Bounds::default()
         };
         let seqs: Vec<u64> = envelopes(&o, body.as_bytes(), &bounds)
-            .map(|e| e.unwrap().seq)
+            .map(|e| e.unwrap().1.seq)
             .collect();
         assert_eq!(seqs, [2]);
         let batch = object_batch(
