@@ -64,7 +64,7 @@ pub async fn write(
                 writeln!(out, "({rows} row{})", if rows == 1 { "" } else { "s" })?;
             }
             Format::Csv => {
-                let mut w = arrow::csv::WriterBuilder::new()
+                let mut w = arrow_csv::WriterBuilder::new()
                     .with_header(true)
                     .build(&mut *out);
                 let mut any = false;
@@ -80,9 +80,9 @@ pub async fn write(
                 }
             }
             Format::Json => {
-                let mut w = arrow::json::WriterBuilder::new()
+                let mut w = arrow_json::WriterBuilder::new()
                     .with_explicit_nulls(true)
-                    .build::<_, arrow::json::writer::JsonArray>(&mut *out);
+                    .build::<_, arrow_json::writer::JsonArray>(&mut *out);
                 while let Some(b) = stream.next().await {
                     let b = b.map_err(|e| ArrowError::ExternalError(Box::new(e)))?;
                     rows += b.num_rows();
@@ -92,9 +92,9 @@ pub async fn write(
                 writeln!(out)?;
             }
             Format::Ndjson => {
-                let mut w = arrow::json::WriterBuilder::new()
+                let mut w = arrow_json::WriterBuilder::new()
                     .with_explicit_nulls(true)
-                    .build::<_, arrow::json::writer::LineDelimited>(&mut *out);
+                    .build::<_, arrow_json::writer::LineDelimited>(&mut *out);
                 while let Some(b) = stream.next().await {
                     let b = b.map_err(|e| ArrowError::ExternalError(Box::new(e)))?;
                     rows += b.num_rows();
