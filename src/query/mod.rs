@@ -206,6 +206,10 @@ pub fn session(archive: Arc<Archive>) -> std::result::Result<SessionContext, Err
         .with_default_catalog_and_schema("datafusion", "public");
     // Spans let planning errors say where in the statement they are.
     config.options_mut().sql_parser.collect_spans = true;
+    // Filters evaluated while decoding Parquet: a selective query (a key, a
+    // date range) decodes the other columns only for the rows that match.
+    config.options_mut().execution.parquet.pushdown_filters = true;
+    config.options_mut().execution.parquet.reorder_filters = true;
     let ctx = SessionContext::new_with_config(config);
     let url = ObjectStoreUrl::parse(ARCHIVE_URL).expect("a valid URL");
     ctx.register_object_store(url.as_ref(), Arc::clone(&archive.store));
