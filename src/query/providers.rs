@@ -364,18 +364,28 @@ async fn apply_tail(
         .cloned()
         .collect();
     let store = Arc::clone(&archive.store);
-    let mut bodies = futures::stream::iter(objects)
+    let shape = Arc::new(shape.clone());
+    // Objects are fetched and parsed several at a time (parsing on the
+    // blocking pool, so on every core) and applied in seq order.
+    let mut parsed = futures::stream::iter(objects)
         .map(|o| {
-            let store = Arc::clone(&store);
+            let (store, shape) = (Arc::clone(&store), Arc::clone(&shape));
             async move {
                 let body = listing::get(store.as_ref(), &ObjectPath::from(o.key.as_str())).await?;
-                Ok::<_, Error>((o, body))
+                tokio::task::spawn_blocking(move || typed_changes(&shape, &o, &body, &bounds))
+                    .await
+                    .map_err(|e| {
+                        Error::fatal(
+                            format!("parsing an archive object stopped: {e}"),
+                            "this is a bug in waltail; please report it",
+                        )
+                    })?
             }
         })
         .buffered(FETCH_AHEAD);
-    while let Some((o, body)) = bodies.try_next().await? {
-        for change in typed_changes(shape, &o, &body, &bounds)? {
-            overlay.apply(&change);
+    while let Some(changes) = parsed.try_next().await? {
+        for change in &changes {
+            overlay.apply(change);
         }
     }
     Ok(())
