@@ -75,6 +75,33 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Run SQL over the archive: `public.orders` is the latest row per key
+    /// (compacted view plus the changes archived since), `history.public.orders`
+    /// every version with `_op`, `_seq`, `_lsn`, `_key`, `_old`, `_unchanged`
+    /// and `date`, and `waltail.changes` the raw envelopes (op, table, data,
+    /// old, seq, idempotency_key, commit_lsn, date). With no SQL on a terminal,
+    /// a prompt: statements end with `;`, `\q` or Ctrl-D quits.
+    #[command(
+        after_help = "Examples:\n  waltail query \"SELECT status, count(*) FROM public.orders GROUP BY status\"\n  waltail query --at 2026-11-30T08:00:00Z \"SELECT * FROM orders WHERE id = 7\"\n  waltail query --format json -f report.sql > report.json\n  echo \"SELECT * FROM history.public.orders WHERE date = '2026-11-30'\" | waltail query -"
+    )]
+    Query {
+        /// The SQL (one or more statements); `-` reads it from stdin [default:
+        /// stdin when it is not a terminal, else a prompt]
+        #[arg(value_name = "SQL", conflicts_with = "file")]
+        sql: Option<String>,
+        /// Read the SQL from FILE (`-`: stdin)
+        #[arg(long, short, value_name = "FILE")]
+        file: Option<PathBuf>,
+        /// Output format [default: table on a terminal, else csv]
+        #[arg(long, value_enum)]
+        format: Option<crate::query::output::Format>,
+        /// The archive as it was at a seq (changes up to it) or an RFC 3339
+        /// time (the changes archived by then, which is within about a
+        /// second of their commit); the latest views are rebuilt from the
+        /// history when the compacted ones are newer
+        #[arg(long, value_name = "SEQ|TIME")]
+        at: Option<crate::query::catalog::At>,
+    },
     /// Where the pipeline stands: position, lag, rate, parked batches
     Status {
         /// One JSON object instead of text
@@ -136,7 +163,9 @@ pub fn main() -> ExitCode {
     let quiet = matches!(
         cli.command,
         Command::Backfill { .. } | Command::Compact { .. }
-    ) && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    ) && std::io::IsTerminal::is_terminal(&std::io::stderr())
+        // A query's output is its result: only warnings and errors beside it.
+        || matches!(cli.command, Command::Query { .. });
     telemetry::init_logging(cli.log_format, if quiet { "warn" } else { "info" });
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
@@ -181,6 +210,20 @@ pub fn main() -> ExitCode {
                 crate::compact::command(&config, &opts)
                     .await
                     .map(|()| ExitCode::SUCCESS)
+            }
+            Command::Query {
+                sql,
+                file,
+                format,
+                at,
+            } => {
+                let opts = crate::query::Options {
+                    sql,
+                    file,
+                    format,
+                    at,
+                };
+                crate::query::command(&config, &opts).await
             }
             Command::Completions { .. } | Command::Man => {
                 unreachable!("handled before loading the configuration")

@@ -10,6 +10,7 @@
 //!     per-row order) --> sink (object_store PUT) --> checkpoint (confirm LSN)
 //!
 //! archive --> compact (typed Parquet: history per table and date, latest-row views)
+//! archive + compacted Parquet --> query (SQL: latest rows, history, raw changes)
 //! ```
 //!
 //! [`pipeline`] wires them and holds the guarantees that span stages: no
@@ -27,6 +28,7 @@ pub mod delivery;
 pub mod envelope;
 pub mod error;
 pub mod pipeline;
+pub mod query;
 pub mod sink;
 pub mod source;
 pub mod status;

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# `waltail query` against DuckDB over the same compacted files, in one run,
+# on one machine:
+#   1. generates an archive of 5,000,000 changes over 1,000,000 keys of one
+#      table (inserts, updates, some leaving a column out as unchanged TOAST
+#      does, deletes, re-inserts) directly as files in objects of 10,000
+#      lines, with its schema record (no Postgres needed; the generator of
+#      scripts/bench-compact.sh);
+#   2. `waltail compact` (typed history + latest view, zstd) into the folder;
+#   3. times each query with `waltail query` (the whole process: start,
+#      snapshot of the archive, plan, run, print) and with DuckDB over
+#      (a) the same latest Parquet, timed inside Python around the query
+#      alone (DuckDB's start not counted) and as a whole `python -c` process
+#      (like ours), and (b) the history Parquet, computing the latest row per
+#      key itself with a window function (what a user without the latest
+#      view would do), timed around the query;
+#   4. checks that the answers agree and prints seconds (best of 3),
+#      rows/s and the ratio;
+#   5. adds a tail of 100,000 changes not compacted and times the count+sum
+#      query again (the merge of the NDJSON over the compacted view), then
+#      compacts them and checks that the answer is the same.
+# Usage: scripts/bench-query.sh                     (release build; several minutes)
+#        SCALE=0.05 scripts/bench-query.sh          (quick check)
+#        BENCH_BIN=path/to/waltail scripts/bench-query.sh   (that binary, no build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SCALE=${SCALE:-1}
+RUNS=${RUNS:-3}
+scaled() { awk -v n="$1" -v s="$SCALE" 'BEGIN { v = int(n * s); print (v < 1 ? 1 : v) }'; }
+CHANGES=$(scaled 5000000)
+KEYS=$(scaled 1000000)
+TAIL=$(scaled 100000)
+work=$(mktemp -d "${TMPDIR:-/tmp}/waltail-bench-query.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+python=$(scripts/duckdb.sh)
+if [ -n "${BENCH_BIN:-}" ]; then
+  bin=$BENCH_BIN
+else
+  cargo build --release --quiet
+  bin=${CARGO_TARGET_DIR:-target}/release/waltail
+fi
+
+echo "generating $CHANGES changes over $KEYS keys, then a tail of $TAIL ..." >&2
+"$python" - "$work" "$CHANGES" "$KEYS" "$TAIL" <<'PY'
+import json, os, random, sys
+work, n, keys, tail = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rnd = random.Random(42)
+schema = {"table": "public.bench", "version": 1, "columns": [
+    {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": True},
+    {"name": "account", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": False},
+    {"name": "amount", "type": "numeric(12,2)", "type_oid": 1700, "type_modifier": ((12 << 16) | 2) + 4, "key": False},
+    {"name": "status", "type": "text", "type_oid": 25, "type_modifier": -1, "key": False},
+    {"name": "note", "type": "text", "type_oid": 25, "type_modifier": -1, "key": False},
+    {"name": "updated_at", "type": "timestamp with time zone", "type_oid": 1184, "type_modifier": -1, "key": False}],
+    "replica_identity": "default"}
+root = os.path.join(work, "archive")
+os.makedirs(os.path.join(root, "_schemas", "public.bench"))
+with open(os.path.join(root, "_schemas", "public.bench", "1.json"), "w") as f:
+    f.write(json.dumps(schema, separators=(",", ":")) + "\n")
+alive = bytearray(keys + 1)
+buffer, first, lines, days = [], 1, 10000, 5
+def flush(last, day):
+    global buffer, first
+    # The last TAIL changes go to tail/, moved into the archive after compaction.
+    d = os.path.join(root if last <= n else os.path.join(work, "tail"), "2026", "11", f"{day + 1:02d}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"bench-{first}-{last}.ndjson"), "w") as f:
+        f.write("".join(buffer))
+    buffer, first = [], last + 1
+for seq in range(1, n + tail + 1):
+    day = min((seq - 1) * days // n, days - 1)
+    k = seq if seq <= keys else rnd.randint(1, keys)
+    ts = f"2026-11-{day + 1:02d}T{(seq // 3600) % 24:02d}:{(seq // 60) % 60:02d}:{seq % 60:02d}.{seq % 1000000:06d}+00:00"
+    row = f'"id":{k},"account":{k % 9973},"amount":{rnd.randint(0, 9999999) / 100:.2f},"status":"s{seq % 7}"'
+    note = f',"note":"note {k} {seq % 13}"'
+    if not alive[k]:
+        op, data, old = "insert", "{" + row + note + f',"updated_at":"{ts}"' + "}", "null"
+        alive[k] = 1
+    elif rnd.random() < 0.12:
+        op, data, old = "delete", "null", f'{{"id":{k}}}'
+        alive[k] = 0
+    else:
+        op, data, old = "update", "{" + row + ("" if rnd.random() < 0.1 else note) + f',"updated_at":"{ts}"' + "}", "null"
+    lsn = f"{seq >> 20:X}/{(seq * 64) & 0xFFFFFFFF:X}"
+    buffer.append(f'{{"op":"{op}","table":"public.bench","data":{data},"old":{old},"seq":{seq},"idempotency_key":"{seq:08x}-0000-5000-8000-000000000000","commit_lsn":"{lsn}"}}\n')
+    if len(buffer) == lines or seq in (n, n + tail) or min(seq * days // n, days - 1) != day:
+        flush(seq, day)
+PY
+
+root=$work/archive
+export WALTAIL_PIPELINE=bench WALTAIL_SOURCE_URL=postgres://bench@127.0.0.1:1/bench \
+  WALTAIL_SOURCE_TABLES=public.bench WALTAIL_DESTINATION_TYPE=file \
+  WALTAIL_DESTINATION_PATH="$root" WALTAIL_STATE_DIR="$work/state"
+echo "compacting ..." >&2
+"$bin" compact >"$work/compact.out"
+grep -q "compacted" "$work/compact.out" || { cat "$work/compact.out" >&2; exit 1; }
+rows=$("$bin" query --format csv "SELECT count(*) FROM public.bench" | tail -1)
+history=$("$bin" query --format csv "SELECT count(*) FROM history.public.bench" | tail -1)
+echo "latest view: $rows rows; history: $history changes" >&2
+
+latest="'$root/latest/public/bench/*.parquet'"
+hist="'$root/parquet/public/bench/*/*.parquet'"
+# DuckDB's latest row per key from the history alone.
+from_history="(SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY _key ORDER BY _seq DESC) AS rn FROM read_parquet($hist, hive_partitioning = true)) WHERE rn = 1 AND _op <> 'delete')"
+
+# name | waltail SQL | the table's stand-in for DuckDB is substituted for TABLE
+queries=(
+  "count+sum|SELECT count(*), sum(amount) FROM TABLE"
+  "filter+group|SELECT status, count(*), sum(amount) FROM TABLE WHERE account < 500 GROUP BY status ORDER BY status"
+  "point|SELECT id, account, amount, status, note FROM TABLE WHERE id = $((KEYS / 2 + 7))"
+)
+
+# Best of $RUNS wall-clock seconds of a command; its last output in $work/out.
+best() {
+  local b=""
+  for _ in $(seq "$RUNS"); do
+    local s e
+    s=$(date +%s.%N)
+    "$@" >"$work/out" 2>"$work/err" || { cat "$work/err" >&2; exit 1; }
+    e=$(date +%s.%N)
+    b=$(awk -v b="$b" -v t="$(awk -v s="$s" -v e="$e" 'BEGIN { print e - s }')" 'BEGIN { print (b == "" || t < b) ? t : b }')
+  done
+  echo "$b"
+}
+
+# DuckDB: best of $RUNS of the query alone, timed in-process; rows as CSV in $work/duck.
+duck() {
+  "$python" - "$1" "$RUNS" "$work/duck" <<'PY'
+import csv, duckdb, sys, time
+sql, runs, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+con = duckdb.connect()
+best = None
+for _ in range(runs):
+    t = time.perf_counter()
+    rows = con.sql(sql).fetchall()
+    best = min(best or 1e9, time.perf_counter() - t)
+with open(out, "w", newline="") as f:
+    csv.writer(f, lineterminator="\n").writerows(rows)
+print(best)
+PY
+}
+
+printf '%-14s %-30s %10s %14s %s\n' "query" "engine" "seconds" "rows/s" ""
+for q in "${queries[@]}"; do
+  name=${q%%|*}
+  sql=${q#*|}
+  wt_s=$(best "$bin" query --format csv "${sql//TABLE/public.bench}")
+  tail -n +2 "$work/out" | sed 's/\.00\b//g' >"$work/ours"
+  dl_s=$(duck "${sql//TABLE/read_parquet($latest)}")
+  sed 's/\.00\b//g' "$work/duck" >"$work/theirs"
+  if ! cmp -s <(sed 's/"//g' "$work/ours") <(sed 's/"//g' "$work/theirs"); then
+    echo "answers differ for $name:" >&2; diff <(cat "$work/ours") <(cat "$work/theirs") >&2 || true; exit 1
+  fi
+  dp_s=$(best "$python" -c "import duckdb, sys; duckdb.sql(sys.argv[1]).fetchall()" "${sql//TABLE/read_parquet($latest)}")
+  dh_s=$(duck "${sql//TABLE/$from_history}")
+  sed 's/\.00\b//g' "$work/duck" >"$work/theirs"
+  if ! cmp -s <(sed 's/"//g' "$work/ours") <(sed 's/"//g' "$work/theirs"); then
+    echo "answers differ for $name (DuckDB from the history):" >&2; diff "$work/ours" "$work/theirs" >&2 || true; exit 1
+  fi
+  awk -v n="$name" -v s="$wt_s" -v r="$rows" 'BEGIN { printf "%-14s %-30s %10.3f %14.0f\n", n, "waltail query (process)", s, r / s }'
+  awk -v s="$dl_s" -v r="$rows" 'BEGIN { printf "%-14s %-30s %10.3f %14.0f\n", "", "duckdb, latest parquet", s, r / s }'
+  awk -v s="$dp_s" -v r="$rows" 'BEGIN { printf "%-14s %-30s %10.3f %14.0f\n", "", "duckdb, latest (process)", s, r / s }'
+  awk -v s="$dh_s" -v r="$history" 'BEGIN { printf "%-14s %-30s %10.3f %14.0f  (history rows/s)\n", "", "duckdb, window over history", s, r / s }'
+  awk -v a="$wt_s" -v b="$dl_s" -v p="$dp_s" -v c="$dh_s" 'BEGIN { printf "%-14s %-30s waltail takes %.2fx DuckDB-latest (query), %.2fx (process), %.2fx DuckDB-history time\n", "", "ratio", a / b, a / p, a / c }'
+done
+
+# 5. An uncompacted tail merged over the compacted view.
+cp -r "$work/tail/2026" "$root/"
+sql="SELECT count(*), sum(amount) FROM public.bench"
+tail_s=$(best "$bin" query --format csv "$sql")
+cp "$work/out" "$work/with-tail"
+"$bin" compact >"$work/compact2.out"
+grep -q "compacted" "$work/compact2.out" || { cat "$work/compact2.out" >&2; exit 1; }
+"$bin" query --format csv "$sql" >"$work/compacted"
+cmp -s "$work/with-tail" "$work/compacted" || { echo "the tail merge differs from its compaction" >&2; diff "$work/with-tail" "$work/compacted" >&2; exit 1; }
+awk -v s="$tail_s" -v t="$TAIL" 'BEGIN { printf "%-14s %-30s %10.3f  (with %d uncompacted changes merged; same answer once compacted)\n", "count+sum", "waltail query, + tail", s, t }'

@@ -1,0 +1,277 @@
+//! What a query can see: one snapshot of the archive taken when the query
+//! starts (its NDJSON objects, the compaction manifest, the tables' shapes),
+//! and the point `--at` puts it at.
+//!
+//! A snapshot is consistent with itself: the compacted files are the ones
+//! the manifest lists (or, for the history, the ones below its `next_seq`),
+//! and the NDJSON read over them starts at that same `next_seq`, so a change
+//! is in exactly one of the two even while a compaction runs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use object_store::ObjectStore;
+use object_store::path::Path as ObjectPath;
+
+use crate::compact::listing::{self, parse_key};
+use crate::compact::manifest::Manifest;
+use crate::compact::typing::TableShape;
+use crate::{Error, Result};
+
+/// One NDJSON object of the archive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Object {
+    pub key: String,
+    /// `YYYY-MM-DD` from the key: the UTC commit date of its first change.
+    pub date: String,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// The seqs of the object below this one are in an earlier object
+    /// (the same batch written twice under different names): skipped.
+    pub from_seq: u64,
+    pub written: DateTime<Utc>,
+}
+
+/// Where `--at` puts the query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum At {
+    Seq(u64),
+    Time(DateTime<Utc>),
+}
+
+impl std::str::FromStr for At {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<At, String> {
+        if let Ok(seq) = s.parse::<u64>() {
+            return Ok(At::Seq(seq));
+        }
+        DateTime::parse_from_rfc3339(s)
+            .map(|t| At::Time(t.with_timezone(&Utc)))
+            .map_err(|_| {
+                format!("{s:?} is neither a seq (a number) nor an RFC 3339 time such as 2026-11-30T08:00:00Z")
+            })
+    }
+}
+
+/// The archive as one query sees it.
+#[derive(Debug)]
+pub struct Archive {
+    pub store: Arc<dyn ObjectStore>,
+    pub prefix: Option<String>,
+    pub manifest: Manifest,
+    /// Every table with a schema record, by `schema.table`.
+    pub shapes: BTreeMap<String, Arc<TableShape>>,
+    /// The NDJSON objects by first seq, repeats left out.
+    pub objects: Vec<Object>,
+    /// The last seq a query sees (`--at`); `None`: everything.
+    pub max_seq: Option<u64>,
+}
+
+impl Archive {
+    /// Takes a snapshot of the archive, placed at `at`.
+    pub async fn load(
+        store: Arc<dyn ObjectStore>,
+        prefix: Option<&str>,
+        pipeline: &str,
+        at: Option<&At>,
+    ) -> Result<Archive> {
+        let manifest = Manifest::load(store.as_ref(), prefix).await?;
+        let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
+        let shapes = schemas
+            .iter()
+            .map(|(table, records)| {
+                (
+                    table.clone(),
+                    Arc::new(TableShape::from_records(table, records)),
+                )
+            })
+            .collect();
+        let objects = list(store.as_ref(), prefix, pipeline).await?;
+        let max_seq = match at {
+            None => None,
+            Some(At::Seq(n)) => Some(*n),
+            Some(At::Time(t)) => Some(seq_at_time(&objects, *t)),
+        };
+        Ok(Archive {
+            store,
+            prefix: prefix.map(str::to_string),
+            manifest,
+            shapes,
+            objects,
+            max_seq,
+        })
+    }
+
+    /// The first seq of `table` not in its compacted files (0: none are).
+    pub fn next_seq(&self, table: &str) -> u64 {
+        self.manifest.tables.get(table).map_or(0, |e| e.next_seq)
+    }
+
+    /// The compacted latest-view files of `table`, keys in the store.
+    pub fn latest_files(&self, table: &str) -> &[String] {
+        self.manifest
+            .tables
+            .get(table)
+            .map(|e| e.latest.as_slice())
+            .unwrap_or_default()
+    }
+
+    /// `[prefix/]key`.
+    pub fn under(&self, key: &str) -> String {
+        listing::under(self.prefix.as_deref(), key)
+    }
+}
+
+/// The archive's NDJSON objects, by first seq then write time, each with
+/// the seqs no earlier object holds; objects holding none are left out.
+async fn list(
+    store: &dyn ObjectStore,
+    prefix: Option<&str>,
+    pipeline: &str,
+) -> Result<Vec<Object>> {
+    let root = prefix.map(ObjectPath::from);
+    let metas: Vec<_> = store
+        .list(root.as_ref())
+        .try_collect()
+        .await
+        .map_err(|e| Error::store("LIST", prefix.unwrap_or("/").to_string(), e))?;
+    let mut all = Vec::new();
+    for meta in metas {
+        let key = meta.location.to_string();
+        let relative = match prefix {
+            Some(p) => match key.strip_prefix(p).and_then(|k| k.strip_prefix('/')) {
+                Some(r) => r,
+                None => continue,
+            },
+            None => key.as_str(),
+        };
+        if let Some((date, first_seq, last_seq)) = parse_key(relative, pipeline) {
+            all.push(Object {
+                key: key.clone(),
+                date,
+                first_seq,
+                last_seq,
+                from_seq: first_seq,
+                written: meta.last_modified,
+            });
+        }
+    }
+    Ok(dedupe(all))
+}
+
+/// Sorts objects by first seq (the earliest written first among equals) and
+/// keeps, of each, only the seqs no earlier object holds.
+pub fn dedupe(mut all: Vec<Object>) -> Vec<Object> {
+    all.sort_by(|a, b| {
+        (
+            a.first_seq,
+            std::cmp::Reverse(a.last_seq),
+            a.written,
+            &a.key,
+        )
+            .cmp(&(
+                b.first_seq,
+                std::cmp::Reverse(b.last_seq),
+                b.written,
+                &b.key,
+            ))
+    });
+    let mut out: Vec<Object> = Vec::with_capacity(all.len());
+    // Seqs below `next` are held by an object already taken.
+    let mut next = 0u64;
+    for mut o in all {
+        if o.last_seq < next {
+            continue;
+        }
+        o.from_seq = o.first_seq.max(next);
+        next = o.last_seq + 1;
+        out.push(o);
+    }
+    out
+}
+
+/// The last seq of the archive as it stood at `t`: the end of the run of
+/// objects, from the first, that were all written by then. Objects are
+/// written within about a second of their changes' commit (the batch
+/// linger), and the envelope carries no commit time, so this is the time
+/// the changes reached the archive.
+pub fn seq_at_time(objects: &[Object], t: DateTime<Utc>) -> u64 {
+    let mut seq = 0;
+    for o in objects {
+        if o.written > t {
+            break;
+        }
+        seq = o.last_seq;
+    }
+    seq
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(key: &str, first: u64, last: u64, secs: i64) -> Object {
+        Object {
+            key: key.into(),
+            date: "2026-01-01".into(),
+            first_seq: first,
+            last_seq: last,
+            from_seq: first,
+            written: DateTime::from_timestamp(secs, 0).unwrap(),
+        }
+    }
+
+    #[test]
+    fn repeated_objects_are_dropped_and_overlaps_trimmed() {
+        let objects = dedupe(vec![
+            obj("b", 11, 20, 5),
+            obj("a", 1, 10, 1),
+            obj("copy-of-a", 1, 10, 9),
+            obj("overlap", 15, 25, 6),
+        ]);
+        let got: Vec<(&str, u64)> = objects
+            .iter()
+            .map(|o| (o.key.as_str(), o.from_seq))
+            .collect();
+        assert_eq!(got, [("a", 1), ("b", 11), ("overlap", 21)]);
+    }
+
+    #[test]
+    fn a_time_is_the_last_seq_of_the_objects_written_by_then() {
+        let objects = dedupe(vec![
+            obj("a", 1, 10, 100),
+            obj("b", 11, 20, 200),
+            obj("c", 21, 30, 300),
+        ]);
+        let at = |s| seq_at_time(&objects, DateTime::from_timestamp(s, 0).unwrap());
+        assert_eq!(at(50), 0);
+        assert_eq!(at(100), 10);
+        assert_eq!(at(299), 20);
+        assert_eq!(at(1000), 30);
+        // A later object written before an earlier one does not count.
+        let objects = dedupe(vec![
+            obj("a", 1, 10, 100),
+            obj("b", 11, 20, 300),
+            obj("c", 21, 30, 200),
+        ]);
+        assert_eq!(
+            seq_at_time(&objects, DateTime::from_timestamp(250, 0).unwrap()),
+            10
+        );
+    }
+
+    #[test]
+    fn at_takes_a_seq_or_an_rfc3339_time() {
+        assert_eq!("42".parse::<At>(), Ok(At::Seq(42)));
+        assert_eq!(
+            "2026-11-30T08:00:00+01:00".parse::<At>(),
+            Ok(At::Time(
+                DateTime::from_timestamp(1_796_022_000, 0).unwrap()
+            ))
+        );
+        assert!("yesterday".parse::<At>().unwrap_err().contains("RFC 3339"));
+    }
+}

@@ -1,0 +1,331 @@
+//! `waltail query`: SQL over the archive, with DataFusion, fresh to the last
+//! archived change and able to look back (`--at`).
+//!
+//! The stages, one file each:
+//!
+//! ```text
+//! catalog (one snapshot: NDJSON objects, manifest, shapes, --at as a seq)
+//!     --> providers (the tables: latest = compacted latest + merge of the
+//!         NDJSON tail; history = Parquet history + tail; waltail.changes)
+//!         using tail (NDJSON objects -> typed batches, pruned by key name)
+//!         and merge (the tail's keys over the compacted view)
+//!     --> DataFusion (plan, optimize, execute) --> output (table, CSV, JSON)
+//! ```
+//!
+//! Every statement takes its own snapshot, so at the prompt each statement
+//! sees the archive as it is when it runs.
+
+pub mod catalog;
+pub mod merge;
+pub mod output;
+pub mod providers;
+pub mod tail;
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use datafusion::error::DataFusionError;
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::sql::parser::DFParserBuilder;
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+
+use self::catalog::{Archive, At};
+use self::output::{Format, Written};
+use crate::compact::session::ARCHIVE_URL;
+use crate::config::Config;
+use crate::sink::Sink;
+use crate::{Error, Result};
+
+/// Where the SQL comes from and how results go out.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The SQL text; `-` reads stdin.
+    pub sql: Option<String>,
+    /// A file holding the SQL (`-`: stdin).
+    pub file: Option<PathBuf>,
+    /// Table on a terminal, CSV otherwise, when not given.
+    pub format: Option<Format>,
+    pub at: Option<At>,
+}
+
+/// Runs `waltail query`.
+pub async fn command(config: &Config, opts: &Options) -> Result<ExitCode> {
+    let format = opts.format.unwrap_or(if std::io::stdout().is_terminal() {
+        Format::Table
+    } else {
+        Format::Csv
+    });
+    let sql =
+        match (&opts.file, opts.sql.as_deref()) {
+            (Some(path), _) if path.as_os_str() == "-" => Some(read_stdin()?),
+            (Some(path), _) => Some(std::fs::read_to_string(path).map_err(|e| {
+                Error::io(format!("cannot read the SQL file {}", path.display()), e)
+            })?),
+            (None, Some("-")) => Some(read_stdin()?),
+            (None, Some(sql)) => Some(sql.to_string()),
+            (None, None) if std::io::stdin().is_terminal() => None,
+            (None, None) => Some(read_stdin()?),
+        };
+    let query = Query::new(config, opts.at.clone(), format)?;
+    match sql {
+        Some(sql) => {
+            query.run(&sql).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        None => query.prompt().await,
+    }
+}
+
+fn read_stdin() -> Result<String> {
+    let mut sql = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut sql)
+        .map_err(|e| Error::io("cannot read the SQL from stdin", e))?;
+    Ok(sql)
+}
+
+/// What every statement of one invocation shares.
+struct Query {
+    sink: Sink,
+    pipeline: String,
+    at: Option<At>,
+    format: Format,
+}
+
+impl Query {
+    fn new(config: &Config, at: Option<At>, format: Format) -> Result<Query> {
+        Ok(Query {
+            sink: Sink::new(&config.destination, config.delivery.request_timeout)?,
+            pipeline: config.pipeline.clone(),
+            at,
+            format,
+        })
+    }
+
+    /// A session over a fresh snapshot of the archive.
+    async fn session(&self) -> Result<SessionContext> {
+        let archive = Archive::load(
+            Arc::clone(self.sink.store()),
+            self.sink.prefix(),
+            &self.pipeline,
+            self.at.as_ref(),
+        )
+        .await?;
+        if let (Some(At::Time(t)), Some(seq)) = (&self.at, archive.max_seq) {
+            eprintln!(
+                "note: the archive as of {} is up to seq {seq}",
+                t.to_rfc3339()
+            );
+        }
+        session(Arc::new(archive))
+    }
+
+    /// Runs every statement of `sql`, printing each result.
+    async fn run(&self, sql: &str) -> Result<()> {
+        let ctx = self.session().await?;
+        let located = |e: DataFusionError| sql_error(sql, e);
+        let statements = DFParserBuilder::new(sql)
+            .with_dialect(&GenericDialect {})
+            .build()
+            .and_then(|mut p| p.parse_statements())
+            .map_err(located)?;
+        if statements.is_empty() {
+            return Err(Error::config("no SQL statement given"));
+        }
+        let stdout = std::io::stdout();
+        let mut out = std::io::BufWriter::new(stdout.lock());
+        let options = datafusion::execution::context::SQLOptions::new().with_allow_dml(false);
+        let count = statements.len();
+        for (i, statement) in statements.into_iter().enumerate() {
+            let state = ctx.state();
+            let plan = state.statement_to_plan(statement).await.map_err(located)?;
+            options.verify_plan(&plan).map_err(located)?;
+            let frame = ctx.execute_logical_plan(plan).await.map_err(located)?;
+            let stream = frame.execute_stream().await.map_err(located)?;
+            let (written, _) = output::write(&mut out, self.format, stream, located).await?;
+            if written == Written::Closed {
+                return Ok(());
+            }
+            if self.format == Format::Table && i + 1 < count && writeln!(out).is_err() {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// The interactive prompt: statements end with `;`, `\q` or Ctrl-D quits.
+    async fn prompt(&self) -> Result<ExitCode> {
+        eprintln!(
+            "waltail query: SQL over the archive; end statements with ';', \\q or Ctrl-D quits. Try SHOW TABLES;"
+        );
+        let stdin = std::io::stdin();
+        let mut buffer = String::new();
+        loop {
+            eprint!(
+                "{}",
+                if buffer.is_empty() {
+                    "waltail> "
+                } else {
+                    "     -> "
+                }
+            );
+            let _ = std::io::stderr().flush();
+            let mut line = String::new();
+            let n = stdin
+                .lock()
+                .read_line(&mut line)
+                .map_err(|e| Error::io("cannot read from the terminal", e))?;
+            if n == 0 {
+                eprintln!();
+                return Ok(ExitCode::SUCCESS);
+            }
+            if buffer.is_empty() && matches!(line.trim(), "\\q" | "quit" | "exit") {
+                return Ok(ExitCode::SUCCESS);
+            }
+            buffer.push_str(&line);
+            if !buffer.trim_end().ends_with(';') {
+                continue;
+            }
+            let sql = std::mem::take(&mut buffer);
+            if let Err(e) = self.run(&sql).await {
+                eprintln!("error: {}", crate::error::Report(&e));
+                if let Some(hint) = e.hint() {
+                    eprintln!("  fix: {hint}");
+                }
+            }
+        }
+    }
+}
+
+/// A session with the archive's tables, reading through the destination's store.
+pub fn session(archive: Arc<Archive>) -> std::result::Result<SessionContext, Error> {
+    let mut config = SessionConfig::new()
+        .with_information_schema(true)
+        .with_default_catalog_and_schema("datafusion", "public");
+    // Spans let planning errors say where in the statement they are.
+    config.options_mut().sql_parser.collect_spans = true;
+    // Filters evaluated while decoding Parquet: a selective query (a key, a
+    // date range) decodes the other columns only for the rows that match.
+    config.options_mut().execution.parquet.pushdown_filters = true;
+    config.options_mut().execution.parquet.reorder_filters = true;
+    let ctx = SessionContext::new_with_config(config);
+    let url = ObjectStoreUrl::parse(ARCHIVE_URL).expect("a valid URL");
+    ctx.register_object_store(url.as_ref(), Arc::clone(&archive.store));
+    providers::register(&ctx, archive).map_err(|e| sql_error("", e))?;
+    Ok(ctx)
+}
+
+/// A DataFusion error as the user sees it: the message and, when
+/// DataFusion or the parser knows it, where in the SQL it is.
+pub fn sql_error(sql: &str, e: DataFusionError) -> Error {
+    // An error of ours (reading the archive) raised inside DataFusion.
+    if let DataFusionError::External(inner) = e.find_root()
+        && let Some(ours) = inner.downcast_ref::<Error>()
+    {
+        return match ours {
+            Error::Fatal { message, hint } => Error::fatal(message.clone(), hint.clone()),
+            other => Error::fatal(
+                crate::error::Report(other).to_string(),
+                other.hint().unwrap_or_default(),
+            ),
+        };
+    }
+    let message = e.strip_backtrace();
+    let mut text = message.clone();
+    if let Some((line, column, width)) = locate(&e, &message) {
+        text.push_str(&point(sql, line, column, width));
+    }
+    let hint = if message.contains("not found") || message.contains("No field named") {
+        "SHOW TABLES lists the tables; SHOW COLUMNS FROM <table> their columns; `waltail query --help` says what each table holds"
+    } else {
+        "fix the statement; `waltail query --help` describes the tables"
+    };
+    Error::fatal(text, hint)
+}
+
+/// Where an error is: (line, column, width), from the diagnostic's span or
+/// the parser's `at Line: N, Column: M`.
+fn locate(e: &DataFusionError, message: &str) -> Option<(usize, usize, usize)> {
+    if let Some(span) = e.diagnostic().and_then(|d| d.span)
+        && span.start.line > 0
+    {
+        let width = if span.end.line == span.start.line && span.end.column > span.start.column {
+            (span.end.column - span.start.column) as usize
+        } else {
+            1
+        };
+        return Some((span.start.line as usize, span.start.column as usize, width));
+    }
+    let at = message.rfind("at Line: ")?;
+    let rest = &message[at + "at Line: ".len()..];
+    let (line, rest) = rest.split_once(", Column: ")?;
+    let column: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    Some((line.trim().parse().ok()?, column.parse().ok()?, 1))
+}
+
+/// The SQL line `line` with a caret under `column` (both from 1).
+fn point(sql: &str, line: usize, column: usize, width: usize) -> String {
+    let Some(text) = sql.lines().nth(line.saturating_sub(1)) else {
+        return format!("\n  at line {line}, column {column}");
+    };
+    let pad: String = text
+        .chars()
+        .take(column.saturating_sub(1))
+        .map(|c| if c == '\t' { '\t' } else { ' ' })
+        .collect();
+    let number = line.to_string();
+    format!(
+        "\n  at line {line}, column {column}:\n  {number} | {text}\n  {} | {pad}{}",
+        " ".repeat(number.len()),
+        "^".repeat(width.max(1))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_position_points_at_its_line_and_column() {
+        let sql = "SELECT *\nFORM t";
+        assert_eq!(
+            point(sql, 2, 1, 4),
+            "\n  at line 2, column 1:\n  2 | FORM t\n    | ^^^^"
+        );
+        assert_eq!(
+            point("\tSELECT x", 1, 3, 1),
+            "\n  at line 1, column 3:\n  1 | \tSELECT x\n    | \t ^"
+        );
+    }
+
+    #[test]
+    fn parser_errors_are_located_from_their_message() {
+        let sql = "SELECT * FORM t";
+        let e = DFParserBuilder::new(sql)
+            .build()
+            .and_then(|mut p| p.parse_statements())
+            .unwrap_err();
+        let message = e.strip_backtrace();
+        let (line, column, _) = locate(&e, &message).unwrap();
+        assert_eq!((line, column), (1, 10), "{message}");
+    }
+
+    #[tokio::test]
+    async fn planning_errors_carry_the_span_of_the_name() {
+        let ctx = SessionContext::new_with_config({
+            let mut c = SessionConfig::new();
+            c.options_mut().sql_parser.collect_spans = true;
+            c
+        });
+        let sql = "SELECT 1 AS a\nFROM   nowhere";
+        let e = ctx.sql(sql).await.unwrap_err();
+        let shown = sql_error(sql, e).to_string();
+        assert!(shown.contains("at line 2, column 8"), "{shown}");
+        assert!(
+            shown.contains("  2 | FROM   nowhere\n    |        ^"),
+            "{shown}"
+        );
+    }
+}

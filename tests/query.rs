@@ -1,0 +1,777 @@
+//! `waltail query` against real PostgreSQL and SeaweedFS (and a local
+//! folder), with the real binary: after a mixed workload the latest view
+//! equals the source table before any compaction, after it, and with an
+//! uncompacted tail; DuckDB over the same Parquet agrees; `--at` gives the
+//! earlier states (by seq and by time, also when it must rebuild from the
+//! history); the output formats parse; a closed pipe is quiet; a SQL error
+//! points at its place; filters on seq and date skip objects unread.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde_json::{Value, json};
+
+/// The python of the venv DuckDB is installed in.
+fn duckdb_python() -> String {
+    let python = std::env::var("WT_TEST_DUCKDB_PYTHON").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/waltail-duckdb-venv/bin/python",
+            std::env::var("HOME").unwrap()
+        )
+    });
+    assert!(
+        Path::new(&python).exists(),
+        "no DuckDB python at {python}: run scripts/duckdb.sh (scripts/services.sh up does)"
+    );
+    python
+}
+
+/// Runs one DuckDB query; its rows as JSON arrays (decimals as strings).
+fn duck(sql: &str) -> Vec<Vec<Value>> {
+    let out = Command::new(duckdb_python())
+        .args([
+            "-c",
+            "import duckdb, json, sys\n\
+             rows = duckdb.sql(sys.argv[1]).fetchall()\n\
+             print(json.dumps([list(r) for r in rows], default=str))",
+            sql,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "duckdb failed on {sql}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap().clone())
+        .collect()
+}
+
+/// Copies every object under `prefix` into `dir` (keys relative to the prefix).
+async fn download(prefix: &str, dir: &Path) {
+    let store = admin_store();
+    let metas: Vec<_> = store
+        .list(Some(&ObjectPath::from(prefix)))
+        .try_collect()
+        .await
+        .unwrap();
+    for meta in metas {
+        let key = meta.location.to_string();
+        let relative = key.strip_prefix(&format!("{prefix}/")).unwrap();
+        let target = dir.join(relative);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let body = store
+            .get(&meta.location)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        std::fs::write(target, body).unwrap();
+    }
+}
+
+/// A table of the test, with the expressions that bring Postgres, waltail
+/// query and DuckDB to the same JSON.
+struct Table {
+    name: &'static str,
+    pg: &'static str,
+    query: &'static str,
+    duck: &'static str,
+    /// Columns the engines return as JSON text.
+    json_columns: &'static [usize],
+}
+
+const ORDERS: Table = Table {
+    name: "orders",
+    pg: "id, customer, status, total::text, items, paid, (extract(epoch from placed_at) * 1000000)::bigint, note, ratio, to_jsonb(tags)",
+    query: "id, customer, status, CAST(total AS VARCHAR), items, paid, CAST(placed_at AS BIGINT), note, ratio, tags",
+    duck: "id, customer, status, CAST(total AS VARCHAR), items, paid, epoch_us(placed_at), note, ratio, tags",
+    json_columns: &[4, 9],
+};
+const CUSTOMERS: Table = Table {
+    name: "customers",
+    pg: "id, name, since::text, score::float8, tier",
+    query: "id, name, CAST(since AS VARCHAR), CAST(score AS DOUBLE), tier",
+    duck: "id, name, CAST(since AS VARCHAR), CAST(score AS DOUBLE), tier",
+    json_columns: &[],
+};
+const DOCS: Table = Table {
+    name: "docs",
+    pg: "id, body, n, tag",
+    query: "id, body, n, tag",
+    duck: "id, body, n, tag",
+    json_columns: &[],
+};
+
+fn numbers_as_f64(row: Vec<Value>) -> Vec<Value> {
+    row.into_iter()
+        .map(|v| match v {
+            Value::Number(n) => json!(n.as_f64().unwrap()),
+            other => other,
+        })
+        .collect()
+}
+
+fn normalize(rows: Vec<Vec<Value>>, t: &Table) -> Vec<Vec<Value>> {
+    rows.into_iter()
+        .map(|mut row| {
+            for &i in t.json_columns {
+                if let Value::String(s) = &row[i] {
+                    row[i] = serde_json::from_str(s).unwrap();
+                }
+            }
+            // Long texts (the TOASTed bodies) as a digest, so a failure prints short.
+            for v in row.iter_mut() {
+                if let Value::String(s) = v
+                    && s.len() > 64
+                {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    s.hash(&mut h);
+                    *v = json!(format!("{} chars, hash {:x}", s.len(), h.finish()));
+                }
+            }
+            numbers_as_f64(row)
+        })
+        .collect()
+}
+
+/// The source table's rows, by id, as comparable JSON.
+async fn pg_rows(db: &TestDb, t: &Table) -> Vec<Vec<Value>> {
+    let rows = db
+        .client
+        .query(
+            &format!(
+                "SELECT json_build_array({})::text FROM {} ORDER BY id",
+                t.pg, t.name
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<Value>(&r.get::<_, String>(0))
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .clone()
+        })
+        .collect();
+    normalize(rows, t)
+}
+
+/// Runs `waltail query --format json` and returns the rows as arrays in
+/// column order (the JSON objects' keys are the column names).
+fn query_json(w: &Waltail, extra: &[&str], sql: &str) -> Vec<Vec<Value>> {
+    let mut args = vec!["query", "--format", "json"];
+    args.extend_from_slice(extra);
+    args.push(sql);
+    let (status, stdout, stderr) = w.output(&args);
+    assert!(status.success(), "query {sql} failed ({status}):\n{stderr}");
+    let v: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("the JSON output does not parse: {e}\n{stdout}"));
+    // Objects keep the select list's order (serde_json preserve_order is
+    // off, so rebuild it from the first object's keys in the text).
+    let names = column_names(&stdout);
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|o| names.iter().map(|n| o[n].clone()).collect())
+        .collect()
+}
+
+/// The keys of the first object of a JSON array output, in text order.
+fn column_names(json_text: &str) -> Vec<String> {
+    let mut de = serde_json::Deserializer::from_str(json_text.trim_start_matches('['));
+    let first: Option<serde_json::Map<String, Value>> =
+        serde::Deserialize::deserialize(&mut de).ok();
+    let Some(first) = first else {
+        return Vec::new();
+    };
+    // Keys in the order they appear in the text.
+    let mut keys: Vec<(usize, String)> = first
+        .keys()
+        .map(|k| {
+            let needle = format!("{}:", serde_json::to_string(k).unwrap());
+            (json_text.find(&needle).unwrap(), k.clone())
+        })
+        .collect();
+    keys.sort();
+    keys.into_iter().map(|(_, k)| k).collect()
+}
+
+fn latest_by_query(w: &Waltail, at: &[&str], t: &Table) -> Vec<Vec<Value>> {
+    normalize(
+        query_json(
+            w,
+            at,
+            &format!("SELECT {} FROM public.{} ORDER BY id", t.query, t.name),
+        ),
+        t,
+    )
+}
+
+async fn assert_query_equals_source(w: &Waltail, db: &TestDb, t: &Table, when: &str) {
+    let pg = pg_rows(db, t).await;
+    assert!(!pg.is_empty(), "{} is empty {when}", t.name);
+    assert_eq!(
+        latest_by_query(w, &[], t),
+        pg,
+        "public.{} vs the table {when}",
+        t.name
+    );
+}
+
+fn compact(w: &Waltail) -> String {
+    let (status, stdout, stderr) = w.output(&["compact"]);
+    assert!(
+        status.success(),
+        "compact failed ({status}):\n{stdout}\n{stderr}"
+    );
+    stdout
+}
+
+/// One number from a query.
+fn scalar(w: &Waltail, extra: &[&str], sql: &str) -> i64 {
+    query_json(w, extra, sql)[0][0].as_i64().unwrap()
+}
+
+async fn create_tables(db: &TestDb) {
+    db.exec(TABLES).await;
+    db.exec("ALTER TABLE customers ADD COLUMN tier text").await;
+    // A body stored out of line and uncompressed: an update of `n` alone
+    // leaves it out of the change (unchanged TOAST).
+    db.exec(
+        "CREATE TABLE docs (id int PRIMARY KEY, body text, n int);
+         ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL;",
+    )
+    .await;
+}
+
+/// The archive's changes once every change of the source is in.
+async fn all_archived(db: &TestDb, prefix: &str, pipeline: &str) -> Vec<Value> {
+    wait_replay_equals(
+        db,
+        async || ndjson_objects(prefix).await,
+        Some(prefix),
+        pipeline,
+    )
+    .await
+}
+
+/// The archive's NDJSON objects under `prefix` (not the Parquet beside them).
+async fn ndjson_objects(prefix: &str) -> Vec<Object> {
+    let store = admin_store();
+    let metas: Vec<_> = store
+        .list(Some(&ObjectPath::from(prefix)))
+        .try_collect()
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for meta in metas {
+        if !meta.location.as_ref().ends_with(".ndjson") {
+            continue;
+        }
+        let body = store
+            .get(&meta.location)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        out.push(Object {
+            key: meta.location.to_string(),
+            body: String::from_utf8(body.to_vec()).unwrap(),
+            content_type: None,
+        });
+    }
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    out
+}
+
+/// The archive's changes as they are now (at least `before`).
+async fn all_archived_now(prefix: &str, pipeline: &str, before: Vec<Value>) -> Vec<Value> {
+    let mut objects: Vec<Object> = Vec::new();
+    for _ in 0..100 {
+        objects = ndjson_objects(prefix).await;
+        if contiguous(&objects) {
+            break;
+        }
+        // An earlier upload may land after a later one.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let now = checked_changes(&objects, Some(prefix), pipeline);
+    assert!(now.len() >= before.len());
+    now
+}
+
+/// Waits until the archive holds the docs update that set `n = marker`
+/// (the docs table is not in wait_replay_equals's comparison).
+async fn wait_docs(prefix: &str, marker: i64) {
+    for _ in 0..300 {
+        let found = ndjson_objects(prefix).await.iter().any(|o| {
+            o.key.ends_with(".ndjson")
+                && o.body.lines().any(|l| {
+                    let v: Value = serde_json::from_str(l).unwrap();
+                    v["table"] == "public.docs" && v["data"]["n"] == json!(marker)
+                })
+        });
+        if found {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("docs n = {marker} never reached the archive");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_latest_view_equals_the_source_before_and_after_compaction_and_with_a_tail() {
+    let db = TestDb::new("query").await;
+    create_tables(&db).await;
+    let pipeline = unique("qy").replace('_', "-");
+    let prefix = unique("query");
+    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers,public.docs");
+    w.s3(&prefix).set("WALTAIL_DELIVERY_BATCH_SIZE", "7");
+    w.start();
+    db.exec(
+        "INSERT INTO docs SELECT i, (SELECT string_agg(md5(i::text || j::text), '') FROM generate_series(1, 400) j), 0
+         FROM generate_series(1, 6) i",
+    )
+    .await;
+
+    // Stage 1: inserts, updates (one leaving the TOASTed body out), deletes,
+    // a truncate, an added column; nothing compacted yet.
+    mixed_workload(&db, 41, 30, 0).await;
+    db.exec("UPDATE docs SET n = 1 WHERE id IN (5, 6)").await;
+    db.exec("TRUNCATE customers").await;
+    db.exec("ALTER TABLE docs ADD COLUMN tag text").await;
+    mixed_workload(&db, 42, 30, 0).await;
+    db.exec("UPDATE docs SET tag = 'late', n = 3 WHERE id = 4")
+        .await;
+    let changes1 = all_archived(&db, &prefix, &pipeline).await;
+    wait_docs(&prefix, 3).await;
+    let changes1 = all_archived_now(&prefix, &pipeline, changes1).await;
+    let seq1 = changes1.len() as i64;
+    let snapshot1 = pg_rows(&db, &ORDERS).await;
+    let docs1 = pg_rows(&db, &DOCS).await;
+    assert!(
+        changes1.iter().any(|c| c["table"] == "public.docs"
+            && c["op"] == "update"
+            && !c["data"].as_object().unwrap().contains_key("body")),
+        "an update leaves the unchanged TOASTed body out"
+    );
+    assert!(changes1.iter().any(|c| c["op"] == "truncate"));
+    for t in [&ORDERS, &CUSTOMERS, &DOCS] {
+        assert_query_equals_source(&w, &db, t, "before any compaction").await;
+    }
+    assert_eq!(
+        scalar(&w, &[], "SELECT count(*) FROM waltail.changes"),
+        seq1,
+        "every envelope once"
+    );
+    assert_eq!(
+        scalar(&w, &[], "SELECT max(seq) FROM waltail.changes"),
+        seq1
+    );
+
+    // Stage 2: compacted; the same answers, and DuckDB over the files agrees.
+    compact(&w);
+    for t in [&ORDERS, &CUSTOMERS, &DOCS] {
+        assert_query_equals_source(&w, &db, t, "after compaction").await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    for t in [&ORDERS, &CUSTOMERS, &DOCS] {
+        let duck_rows = normalize(
+            duck(&format!(
+                "SELECT {} FROM read_parquet('{}/latest/public/{}/*.parquet', union_by_name = true) ORDER BY id",
+                t.duck,
+                dir.path().display(),
+                t.name
+            )),
+            t,
+        );
+        assert_eq!(
+            latest_by_query(&w, &[], t),
+            duck_rows,
+            "waltail query and DuckDB over latest/ for {}",
+            t.name
+        );
+    }
+    let sql = "SELECT _op, count(*) AS n, sum(_seq) AS s FROM history.public.orders GROUP BY _op ORDER BY _op";
+    let duck_history = duck(&format!(
+        "SELECT _op, count(*) AS n, sum(_seq) AS s FROM read_parquet('{}/parquet/public/orders/*/*.parquet', union_by_name = true) GROUP BY _op ORDER BY _op",
+        dir.path().display()
+    ));
+    let duck_history: Vec<Vec<Value>> = duck_history.into_iter().map(numbers_as_f64).collect();
+    let ours: Vec<Vec<Value>> = query_json(&w, &[], sql)
+        .into_iter()
+        .map(numbers_as_f64)
+        .collect();
+    assert_eq!(
+        ours, duck_history,
+        "the history by waltail query and DuckDB"
+    );
+
+    // A point in time between stage 2 and 3 (object times have seconds).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let between = chrono::Utc::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // Stage 3: an uncompacted tail over the compacted views.
+    mixed_workload(&db, 43, 30, 10).await;
+    db.exec("UPDATE docs SET n = 2 WHERE id IN (1, 5); DELETE FROM docs WHERE id = 2;")
+        .await;
+    db.exec("INSERT INTO customers VALUES (999, 'late', '2024-02-02', 1.5, 'new')")
+        .await;
+    let changes3 = all_archived(&db, &prefix, &pipeline).await;
+    wait_docs(&prefix, 2).await;
+    let changes3 = all_archived_now(&prefix, &pipeline, changes3).await;
+    assert!(changes3.len() > changes1.len());
+    // The last batch again under another name (a replay): counted once.
+    let last = ndjson_objects(&prefix).await.into_iter().max_by_key(|o| {
+        let name = o.key.rsplit('/').next().unwrap().to_string();
+        name.rsplit('-')
+            .next()
+            .unwrap()
+            .trim_end_matches(".ndjson")
+            .parse::<u64>()
+            .unwrap()
+    });
+    let last = last.unwrap();
+    let name = last.key.rsplit('/').next().unwrap();
+    admin_store()
+        .put(
+            &ObjectPath::from(format!("{prefix}/1999/01/01/{name}")),
+            object_store::PutPayload::from(last.body.clone().into_bytes()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        scalar(&w, &[], "SELECT count(*) FROM waltail.changes"),
+        changes3.len() as i64,
+        "a repeated object's changes once"
+    );
+    for t in [&ORDERS, &CUSTOMERS, &DOCS] {
+        assert_query_equals_source(&w, &db, t, "with an uncompacted tail").await;
+    }
+    let orders_changes = changes3
+        .iter()
+        .filter(|c| c["table"] == "public.orders")
+        .count() as i64;
+    assert_eq!(
+        scalar(&w, &[], "SELECT count(*) FROM history.public.orders"),
+        orders_changes,
+        "compacted history plus the tail, each change once"
+    );
+    assert_eq!(
+        scalar(
+            &w,
+            &[],
+            "SELECT count(*) FROM history.public.docs WHERE _unchanged IS NOT NULL"
+        ),
+        changes3
+            .iter()
+            .filter(|c| c["table"] == "public.docs"
+                && c["op"] == "update"
+                && !c["data"].as_object().unwrap().contains_key("body"))
+            .count() as i64,
+        "unchanged TOAST is marked in the tail's history as in the compacted one"
+    );
+
+    // --at: the earlier states, by seq (the compacted view, then a rebuild
+    // from the history) and by time.
+    let seq1s = seq1.to_string();
+    assert_eq!(latest_by_query(&w, &["--at", &seq1s], &ORDERS), snapshot1);
+    assert_eq!(latest_by_query(&w, &["--at", &seq1s], &DOCS), docs1);
+    let at_time = between.to_rfc3339();
+    assert_eq!(latest_by_query(&w, &["--at", &at_time], &ORDERS), snapshot1);
+    assert_eq!(
+        scalar(
+            &w,
+            &["--at", &seq1s],
+            "SELECT count(*) FROM waltail.changes"
+        ),
+        seq1
+    );
+    compact(&w);
+    for t in [&ORDERS, &CUSTOMERS, &DOCS] {
+        assert_query_equals_source(&w, &db, t, "after the second compaction").await;
+    }
+    assert_eq!(
+        latest_by_query(&w, &["--at", &seq1s], &ORDERS),
+        snapshot1,
+        "--at before the compacted view: rebuilt from the history"
+    );
+    assert_eq!(latest_by_query(&w, &["--at", &seq1s], &DOCS), docs1);
+    assert_eq!(latest_by_query(&w, &["--at", &at_time], &ORDERS), snapshot1);
+    assert!(
+        latest_by_query(&w, &["--at", "0"], &ORDERS).is_empty(),
+        "nothing before the first change"
+    );
+
+    w.stop();
+    db.drop_db().await;
+}
+
+/// A minimal CSV reader (RFC 4180 quoting).
+fn parse_csv(text: &str) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    let mut row = Vec::new();
+    let mut field = String::new();
+    let mut quoted = false;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                field.push('"');
+            }
+            ('"', true) => quoted = false,
+            ('"', false) if field.is_empty() => quoted = true,
+            (',', false) => row.push(std::mem::take(&mut field)),
+            ('\n', false) => {
+                row.push(std::mem::take(&mut field));
+                rows.push(std::mem::take(&mut row));
+            }
+            (c, _) => field.push(c),
+        }
+    }
+    assert!(!quoted, "an unterminated quote");
+    if !field.is_empty() || !row.is_empty() {
+        row.push(field);
+        rows.push(row);
+    }
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_local_folder_archive_answers_in_every_format_skips_pruned_objects_and_points_at_errors()
+{
+    let db = TestDb::new("queryfile").await;
+    db.exec(TABLES).await;
+    let pipeline = unique("qf").replace('_', "-");
+    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
+    let archive = w.dir.path().join("archive");
+    w.set("WALTAIL_DESTINATION_TYPE", "file")
+        .set("WALTAIL_DESTINATION_PATH", archive.to_str().unwrap())
+        .set("WALTAIL_DELIVERY_BATCH_SIZE", "5");
+    w.start();
+    mixed_workload(&db, 51, 40, 0).await;
+    let root = archive.clone();
+    let changes = wait_replay_equals(&db, async || file_objects(&root), None, &pipeline).await;
+    w.stop();
+    let customers = Table {
+        pg: "id, name, since::text, score::float8",
+        query: "id, name, CAST(since AS VARCHAR), CAST(score AS DOUBLE)",
+        ..CUSTOMERS
+    };
+    for t in [&ORDERS, &customers] {
+        assert_query_equals_source(&w, &db, t, "from a local folder").await;
+    }
+
+    // CSV and JSON parse, and say the same.
+    let sql = "SELECT id, customer, status, CAST(total AS VARCHAR) AS total, items FROM public.orders ORDER BY id";
+    let (status, csv, stderr) = w.output(&["query", "--format", "csv", sql]);
+    assert!(status.success(), "{stderr}");
+    let csv = parse_csv(&csv);
+    assert_eq!(csv[0], ["id", "customer", "status", "total", "items"]);
+    let json_rows = query_json(&w, &[], sql);
+    assert_eq!(csv.len() - 1, json_rows.len());
+    for (c, j) in csv[1..].iter().zip(&json_rows) {
+        assert_eq!(c[0], j[0].to_string());
+        assert_eq!(c[1], j[1].as_str().unwrap());
+        assert_eq!(c[3], j[3].as_str().unwrap());
+        // The jsonb column is JSON text in both, with its quotes intact.
+        let items: Value = serde_json::from_str(&c[4]).unwrap_or(Value::Null);
+        let j_items: Value = j[4]
+            .as_str()
+            .map(|s| serde_json::from_str(s).unwrap())
+            .unwrap_or(Value::Null);
+        assert_eq!(items, j_items);
+    }
+    let (status, ndjson, stderr) = w.output(&["query", "--format", "ndjson", sql]);
+    assert!(status.success(), "{stderr}");
+    let lines: Vec<Value> = ndjson
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), json_rows.len());
+    let (status, table, _) = w.output(&["query", "--format", "table", sql]);
+    assert!(status.success());
+    assert!(table.contains("| id"), "{table}");
+    assert!(
+        table.contains(&format!("({} rows)", json_rows.len())),
+        "{table}"
+    );
+    // SQL from a file and from stdin, several statements.
+    let file = w.dir.path().join("q.sql");
+    std::fs::write(
+        &file,
+        "SELECT 1 AS one;\nSELECT count(*) AS n FROM waltail.changes;\n",
+    )
+    .unwrap();
+    let (status, out, stderr) =
+        w.output(&["query", "--format", "csv", "-f", file.to_str().unwrap()]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(out, format!("one\n1\nn\n{}\n", changes.len()));
+    let mut child = Command::new(bin())
+        .args(["query", "--format", "csv", "-"])
+        .current_dir(w.dir.path())
+        .envs(w.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(
+        child.stdin.as_mut().unwrap(),
+        b"SELECT count(*) AS n FROM history.public.orders",
+    )
+    .unwrap();
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    let orders = changes
+        .iter()
+        .filter(|c| c["table"] == "public.orders")
+        .count();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("n\n{orders}\n")
+    );
+
+    // A reader that goes away after one line: quiet, exit 0.
+    for format in ["csv", "table", "json", "ndjson"] {
+        let mut child = Command::new(bin())
+            .args([
+                "query",
+                "--format",
+                format,
+                "SELECT a.seq, b.seq, a.data FROM waltail.changes a CROSS JOIN waltail.changes b",
+            ])
+            .current_dir(w.dir.path())
+            .envs(w.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert!(!first.is_empty());
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "{format}: {status}: {stderr}");
+        assert_eq!(stderr, "", "{format}: a closed pipe is not an error");
+    }
+
+    // A SQL error: the message, the line and a caret under the place.
+    let (status, _, stderr) = w.output(&["query", "SELECT id,\n       nope FROM public.orders"]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("nope"), "{stderr}");
+    assert!(stderr.contains("at line 2, column 8"), "{stderr}");
+    assert!(
+        stderr.contains("  2 |        nope FROM public.orders\n    |        ^^^^"),
+        "{stderr}"
+    );
+    let (status, _, stderr) = w.output(&["query", "SELECT * FORM public.orders"]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("at line 1, column 10"), "{stderr}");
+    assert!(
+        stderr.contains("  1 | SELECT * FORM public.orders\n    |          ^"),
+        "{stderr}"
+    );
+    let (status, _, stderr) = w.output(&["query", "SELECT * FROM public.nope"]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("at line 1, column 15"), "{stderr}");
+
+    // Pruning: an unreadable object dated 2020 with seqs far ahead. A query
+    // that needs it fails on it; filters on seq or date skip it unread.
+    let total = changes.len();
+    let junk = archive.join(format!("2020/01/01/{pipeline}-900000-900009.ndjson"));
+    std::fs::create_dir_all(junk.parent().unwrap()).unwrap();
+    std::fs::write(&junk, "this is not an envelope\n").unwrap();
+    let (status, _, stderr) = w.output(&["query", "SELECT count(*) FROM waltail.changes"]);
+    assert!(
+        !status.success(),
+        "the junk object is read without a filter"
+    );
+    assert!(stderr.contains("900000-900009.ndjson line 1"), "{stderr}");
+    for sql in [
+        "SELECT count(*) FROM waltail.changes WHERE seq < 900000",
+        "SELECT count(*) FROM waltail.changes WHERE seq BETWEEN 1 AND 899999",
+        "SELECT count(*) FROM waltail.changes WHERE date > DATE '2020-01-01'",
+        "SELECT count(*) FROM waltail.changes WHERE date >= '2021-06-01' AND op <> 'x'",
+    ] {
+        assert_eq!(scalar(&w, &[], sql), total as i64, "{sql}");
+    }
+    assert_eq!(
+        scalar(
+            &w,
+            &[],
+            "SELECT count(*) FROM history.public.orders WHERE _seq <= 899999"
+        ),
+        orders as i64
+    );
+    std::fs::remove_file(&junk).unwrap();
+
+    // Compacted, with --at by time on file modification times.
+    compact(&w);
+    for t in [&ORDERS, &customers] {
+        assert_query_equals_source(&w, &db, t, "after compaction, from a local folder").await;
+    }
+    // The date partition is the date in the object's key, as in the tail.
+    let mut by_date: std::collections::BTreeMap<String, i64> = Default::default();
+    for o in file_objects(&archive)
+        .iter()
+        .filter(|o| o.key.ends_with(".ndjson"))
+    {
+        let date = o.key[..10].replace('/', "-");
+        let n = o
+            .body
+            .lines()
+            .filter(|l| l.contains("\"table\":\"public.orders\""))
+            .count();
+        *by_date.entry(date).or_default() += n as i64;
+    }
+    let got: std::collections::BTreeMap<String, i64> = query_json(
+        &w,
+        &[],
+        "SELECT CAST(date AS VARCHAR), count(*) FROM history.public.orders GROUP BY date",
+    )
+    .into_iter()
+    .map(|r| (r[0].as_str().unwrap().to_string(), r[1].as_i64().unwrap()))
+    .collect();
+    by_date.retain(|_, n| *n > 0);
+    assert_eq!(got, by_date, "history rows by date partition");
+    let first = by_date.keys().next().unwrap().clone();
+    assert_eq!(
+        scalar(
+            &w,
+            &[],
+            &format!("SELECT count(*) FROM history.public.orders WHERE date = '{first}'")
+        ),
+        by_date[&first]
+    );
+    db.drop_db().await;
+}
