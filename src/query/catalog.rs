@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::path::Path as ObjectPath;
 
 use crate::compact::listing::{self, parse_key};
@@ -46,6 +46,13 @@ impl std::str::FromStr for At {
 
     fn from_str(s: &str) -> std::result::Result<At, String> {
         if let Ok(seq) = s.parse::<u64>() {
+            // Seqs are stored as BIGINT: a larger one can name nothing.
+            if seq > i64::MAX as u64 {
+                return Err(format!(
+                    "seq {s} is larger than any seq can be ({})",
+                    i64::MAX
+                ));
+            }
             return Ok(At::Seq(seq));
         }
         DateTime::parse_from_rfc3339(s)
@@ -78,7 +85,7 @@ impl Archive {
         pipeline: &str,
         at: Option<&At>,
     ) -> Result<Archive> {
-        let manifest = Manifest::load(store.as_ref(), prefix).await?;
+        let manifest = stable_manifest(store.as_ref(), prefix).await?;
         let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
         let shapes = schemas
             .iter()
@@ -122,6 +129,53 @@ impl Archive {
     /// `[prefix/]key`.
     pub fn under(&self, key: &str) -> String {
         listing::under(self.prefix.as_deref(), key)
+    }
+}
+
+/// How often a manifest naming a missing file is read again (a `compact`
+/// publishing its files), a second apart, before the query gives up.
+const MANIFEST_TRIES: u32 = 10;
+
+/// The manifest, once every latest-view file it names is in the store. A
+/// missing file would otherwise read as an empty one (DataFusion lists a
+/// missing key as an empty folder) and the compacted rows would silently
+/// vanish from the answer: while `compact` publishes a generation, the
+/// manifest may name files still being moved into place.
+async fn stable_manifest(store: &dyn ObjectStore, prefix: Option<&str>) -> Result<Manifest> {
+    let mut tries = 0;
+    loop {
+        let manifest = Manifest::load(store, prefix).await?;
+        let mut missing = None;
+        'tables: for entry in manifest.tables.values() {
+            for file in &entry.latest {
+                match store.head(&ObjectPath::from(file.as_str())).await {
+                    Ok(_) => {}
+                    Err(object_store::Error::NotFound { .. }) => {
+                        missing = Some(file.clone());
+                        break 'tables;
+                    }
+                    Err(e) => {
+                        return Err(Error::fatal(
+                            format!("cannot read {file} of the compacted latest view: {e}"),
+                            "check the destination's credentials and network, then run the query again",
+                        ));
+                    }
+                }
+            }
+        }
+        let Some(file) = missing else {
+            return Ok(manifest);
+        };
+        tries += 1;
+        if tries >= MANIFEST_TRIES {
+            return Err(Error::fatal(
+                format!("the compaction manifest names {file}, which is not in the store"),
+                "a `waltail compact` is publishing its files or was interrupted; \
+                 run `waltail compact` to complete it, then query again",
+            ));
+        }
+        tracing::info!(%file, "a compacted file is not in place yet; reading the manifest again");
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
 }
 

@@ -275,7 +275,7 @@ async fn latest_table(
     // The compacted view is newer than --at: rebuild from the history.
     if let Some(n) = archive.max_seq
         && next > 0
-        && n + 1 < next
+        && n.saturating_add(1) < next
     {
         let mut overlay = Overlay::new(Arc::clone(shape), false);
         replay_history(&ctx, archive, shape, n, &mut overlay).await?;

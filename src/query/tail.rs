@@ -192,11 +192,12 @@ impl Bounds {
     }
 }
 
+/// A bare column only: through a cast (`CAST(seq AS DOUBLE) < 100.5`,
+/// `CAST(seq AS VARCHAR) < '5'`) the comparison is not the column's own
+/// order, so it bounds nothing.
 fn column_name(e: &Expr) -> Option<String> {
     match e {
         Expr::Column(c) => Some(c.name.clone()),
-        Expr::Cast(c) => column_name(&c.expr),
-        Expr::TryCast(c) => column_name(&c.expr),
         _ => None,
     }
 }
@@ -208,9 +209,18 @@ fn literal(e: &Expr) -> Option<&ScalarValue> {
     }
 }
 
+/// An integer literal's value; other types (a float, a string) would be
+/// rounded or compared differently, so they bound nothing.
 fn as_i64(v: &ScalarValue) -> Option<i64> {
-    match v.cast_to(&DataType::Int64).ok()? {
-        ScalarValue::Int64(Some(n)) => Some(n),
+    match v {
+        ScalarValue::Int8(Some(n)) => Some(i64::from(*n)),
+        ScalarValue::Int16(Some(n)) => Some(i64::from(*n)),
+        ScalarValue::Int32(Some(n)) => Some(i64::from(*n)),
+        ScalarValue::Int64(Some(n)) => Some(*n),
+        ScalarValue::UInt8(Some(n)) => Some(i64::from(*n)),
+        ScalarValue::UInt16(Some(n)) => Some(i64::from(*n)),
+        ScalarValue::UInt32(Some(n)) => Some(i64::from(*n)),
+        ScalarValue::UInt64(Some(n)) => i64::try_from(*n).ok(),
         _ => None,
     }
 }
@@ -220,10 +230,10 @@ fn as_days(v: &ScalarValue) -> Option<i32> {
         ScalarValue::Utf8(Some(s))
         | ScalarValue::Utf8View(Some(s))
         | ScalarValue::LargeUtf8(Some(s)) => days(s),
-        other => match other.cast_to(&DataType::Date32).ok()? {
-            ScalarValue::Date32(Some(d)) => Some(d),
-            _ => None,
-        },
+        // A timestamp has a time of day: `date < TIMESTAMP '... 12:00'`
+        // keeps that day, so only a date bounds whole days.
+        ScalarValue::Date32(Some(d)) => Some(*d),
+        _ => None,
     }
 }
 
@@ -518,7 +528,7 @@ pub fn history_columns(shape: &TableShape, rows: &[TypedChange]) -> Vec<ArrayRef
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::prelude::{col, lit};
+    use datafusion::prelude::{cast, col, lit};
 
     fn obj(date: &str, first: u64, last: u64) -> Object {
         Object {
@@ -578,6 +588,27 @@ mod tests {
         );
         assert_eq!(kept(&[col("_seq").gt(lit(25i64))], "seq"), [1, 11, 21]);
         assert_eq!(kept(&[col("seq").lt(lit(0i64))], "seq"), Vec::<u64>::new());
+        // Through a cast, or against a float or a timestamp, the comparison
+        // is not the column's own order: no bound (seq 20 < 20.5 is kept).
+        assert_eq!(kept(&[col("seq").lt(lit(20.5f64))], "seq"), [1, 11, 21]);
+        assert_eq!(
+            kept(
+                &[cast(col("seq"), DataType::Float64).lt(lit(20.5f64))],
+                "seq"
+            ),
+            [1, 11, 21]
+        );
+        assert_eq!(
+            kept(&[cast(col("seq"), DataType::Utf8).lt(lit("5"))], "seq"),
+            [1, 11, 21]
+        );
+        assert_eq!(
+            kept(
+                &[col("date").lt(lit(ScalarValue::TimestampSecond(Some(1_767_268_800), None)))],
+                "seq"
+            ),
+            [1, 11, 21]
+        );
     }
 
     #[test]
