@@ -805,3 +805,145 @@ async fn a_latest_view_merged_bucket_by_bucket_equals_the_one_merged_whole() {
     let second = manifest_buckets(bucketed.path());
     assert!(second > 32 && second > first, "{second} buckets");
 }
+
+/// Uploads changes `from..=to` of `archive` under `prefix`, as
+/// [`write_archive`] lays them out.
+async fn upload_archive(prefix: &str, archive: &GeneratedArchive, from: u64, to: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    write_archive(dir.path(), archive, from, to);
+    let store = admin_store();
+    for entry in walk(dir.path()) {
+        let key = format!(
+            "{prefix}/{}",
+            entry.strip_prefix(dir.path()).unwrap().display()
+        );
+        store
+            .put(
+                &ObjectPath::from(key.as_str()),
+                PutPayload::from(std::fs::read(&entry).unwrap()),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+async fn exists(key: &str) -> bool {
+    admin_store().head(&ObjectPath::from(key)).await.is_ok()
+}
+
+/// Waits until `what` holds, polling.
+async fn wait_until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !f().await {
+        assert!(start.elapsed() < timeout, "not within {timeout:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn of_two_compacts_at_once_one_commits_and_the_other_says_who_runs() {
+    let archive = generate_archive(3000, 300, 11, 1500);
+    let prefix = unique("compactlock");
+    upload_archive(&prefix, &archive, 1, 3000).await;
+    let s3 = s3();
+    let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
+    proxy.set_mode(Mode::Delay(Duration::from_millis(20)));
+    let mut slow = Waltail::without_db("gen", "public.t");
+    slow.s3(&prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url());
+    slow.spawn(&["compact"]);
+    let lock = format!("{prefix}/_waltail/compaction/lock.json");
+    wait_until(
+        "the slow run holds the lock and its plan is stored",
+        Duration::from_secs(60),
+        async || exists(&lock).await && manifest(&prefix).await["pending"].is_object(),
+    )
+    .await;
+
+    // A second run is refused, and told by whom and what to do.
+    let mut other = Waltail::without_db("gen", "public.t");
+    other.s3(&prefix);
+    let (status, stdout, stderr) = other.output(&["compact"]);
+    assert_eq!(status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("another compact is running")
+            && stderr.contains(&format!("pid {}", slow.pid()))
+            && stderr.contains("--force-unlock"),
+        "{stderr}"
+    );
+
+    // Forced while the first still runs: it completes the first one's plan
+    // and commits; the first then cannot commit over it.
+    proxy.set_mode(Mode::Delay(Duration::from_millis(300)));
+    let (status, stdout, stderr) = other.output(&["compact", "--force-unlock"]);
+    assert!(status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("completed an interrupted run"), "{stdout}");
+    proxy.set_mode(Mode::Pass);
+    let status = slow.wait_exit(Duration::from_secs(120));
+    assert!(!status.success(), "{}", slow.log());
+    assert!(
+        slow.log().contains("changed by another compact"),
+        "{}",
+        slow.log()
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    assert_eq!(read_latest(dir.path()).0, archive.expected);
+    assert!(!exists(&lock).await, "the lock is released");
+    let (status, stdout, stderr) = other.output(&["compact"]);
+    assert!(status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("nothing new to compact"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compact_outlasts_a_store_that_drops_connections_for_seconds() {
+    let archive = generate_archive(3000, 300, 12, 1500);
+    let prefix = unique("compactretry");
+    upload_archive(&prefix, &archive, 1, 3000).await;
+    let s3 = s3();
+    let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
+    proxy.set_mode(Mode::Delay(Duration::from_millis(10)));
+    let mut w = Waltail::without_db("gen", "public.t");
+    w.s3(&prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
+        .set("WALTAIL_COMPACT_FILE_BYTES", "20000");
+    w.spawn(&["compact"]);
+    wait_until(
+        "the run has written history",
+        Duration::from_secs(60),
+        async || {
+            !listing(admin_store().as_ref(), &format!("{prefix}/parquet"))
+                .await
+                .is_empty()
+        },
+    )
+    .await;
+    // The store is gone for three seconds: every connection reset.
+    proxy.set_mode(Mode::Reset);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.set_mode(Mode::Pass);
+    let status = w.wait_exit(Duration::from_secs(180));
+    assert!(status.success(), "{}", w.log());
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    assert_eq!(read_latest(dir.path()).0, archive.expected);
+    let history = duck(&format!(
+        "SELECT count(*), count(DISTINCT _seq), min(_seq), max(_seq) FROM read_parquet('{}/parquet/*/*/*/*.parquet')",
+        dir.path().display()
+    ));
+    assert_eq!(history, [[json!(3000), json!(3000), json!(1), json!(3000)]]);
+}
