@@ -41,7 +41,6 @@ use self::history::HistoryFile;
 use self::latest::{MergeInput, merge_bucket};
 use self::lock::Lock;
 use self::manifest::{Manifest, Plan, plan_files};
-use self::read::Envelope;
 use self::typing::TableShape;
 use crate::config::Config;
 use crate::sink::Sink;
@@ -224,21 +223,21 @@ async fn run(
                         "archive objects are written by `waltail run`; restore this one from a copy, or move it away and compact again",
                     )
                 };
-                let env: Envelope = serde_json::from_slice(line).map_err(|e| bad(e.to_string()))?;
-                if env.seq < object.from_seq {
+                let parsed = read::type_line(&shapes, line).map_err(bad)?;
+                if parsed.seq < object.from_seq {
                     // A repeat of a change compacted from an earlier object.
                     summary.repeats += 1;
                     continue;
                 }
-                let Some(shape) = shapes.get(&env.table) else {
+                let Some((shape, change)) = parsed.change else {
                     continue; // a table not compacted in this run
                 };
-                let start = table_start(&manifest, &env.table);
-                if env.seq < start {
+                let start = table_start(&manifest, &shape.table);
+                if change.seq < start {
                     continue;
                 }
-                let table = env.table.clone();
-                let change = read::type_change(shape, env).map_err(bad)?;
+                let shape = &shape;
+                let table = shape.table.clone();
                 spool.push(shape, &change)?;
                 let hist = match open.get_mut(&table) {
                     Some(h) => h,
