@@ -15,6 +15,7 @@
 # Usage: scripts/bench-compact.sh                     (release build; several minutes)
 #        SCALE=0.05 scripts/bench-compact.sh          (quick check)
 #        BENCH_BIN=path/to/waltail scripts/bench-compact.sh   (that binary, no build)
+#        BENCH_BIN="old/waltail new/waltail" scripts/bench-compact.sh   (each, on the same archive)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCALE=${SCALE:-1}
@@ -25,10 +26,10 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/waltail-bench-compact.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 python=$(scripts/duckdb.sh)
 if [ -n "${BENCH_BIN:-}" ]; then
-  bin=$BENCH_BIN
+  bins=$BENCH_BIN
 else
   cargo build --release --quiet
-  bin=${CARGO_TARGET_DIR:-target}/release/waltail
+  bins=${CARGO_TARGET_DIR:-target}/release/waltail
 fi
 
 echo "generating $CHANGES changes over $KEYS keys ..." >&2
@@ -96,18 +97,23 @@ printf '%-22s %10s %12s %12s %10s\n' "archive" "engine" "seconds" "changes/s" "p
 for lines in 100 10000; do
   root=$work/archive-$lines
   size=$(du -sh "$root" | cut -f1)
-  read -r wt_s wt_kb < <(
-    WALTAIL_PIPELINE=bench WALTAIL_SOURCE_URL=postgres://bench@127.0.0.1:1/bench \
-    WALTAIL_SOURCE_TABLES=public.bench WALTAIL_DESTINATION_TYPE=file \
-    WALTAIL_DESTINATION_PATH="$root" WALTAIL_STATE_DIR="$work/state" \
-    measure "$bin" compact)
-  grep -q "compacted" "$work/out" || { cat "$work/out" >&2; exit 1; }
+  label="$lines lines/object ($size)"
   read -r dk_s dk_kb < <(measure "$python" -c "
 import duckdb, sys
 duckdb.sql(\"COPY (SELECT * FROM read_ndjson_auto('$root/2026/*/*/*.ndjson')) TO '$work/duck-$lines.parquet' (FORMAT parquet, COMPRESSION zstd)\")
 ")
-  label="$lines lines/object ($size)"
-  awk -v l="$label" -v n="$CHANGES" -v s="$wt_s" -v k="$wt_kb" 'BEGIN { printf "%-22s %10s %12.2f %12.0f %8.0f MB\n", l, "waltail", s, n / (s > 0 ? s : 0.01), k / 1024 }'
-  awk -v n="$CHANGES" -v s="$dk_s" -v k="$dk_kb" 'BEGIN { printf "%-22s %10s %12.2f %12.0f %8.0f MB\n", "", "duckdb", s, n / (s > 0 ? s : 0.01), k / 1024 }'
-  awk -v a="$wt_s" -v b="$dk_s" 'BEGIN { printf "%-22s %10s %12s waltail takes %.2fx DuckDB'"'"'s time\n", "", "ratio", "", (b > 0 ? a / b : 0) }'
+  awk -v l="$label" -v n="$CHANGES" -v s="$dk_s" -v k="$dk_kb" 'BEGIN { printf "%-22s %10s %12.2f %12.0f %8.0f MB\n", l, "duckdb", s, n / (s > 0 ? s : 0.01), k / 1024 }'
+  for bin in $bins; do
+    # Each binary compacts the archive from scratch.
+    rm -rf "$root/parquet" "$root/latest" "$root/_waltail"
+    read -r wt_s wt_kb < <(
+      WALTAIL_PIPELINE=bench WALTAIL_SOURCE_URL=postgres://bench@127.0.0.1:1/bench \
+      WALTAIL_SOURCE_TABLES=public.bench WALTAIL_DESTINATION_TYPE=file \
+      WALTAIL_DESTINATION_PATH="$root" WALTAIL_STATE_DIR="$work/state" \
+      measure "$bin" compact)
+    grep -q "compacted" "$work/out" || { cat "$work/out" >&2; exit 1; }
+    latest=$(find "$root/latest" -name '*.parquet' | wc -l)
+    awk -v n="$CHANGES" -v s="$wt_s" -v k="$wt_kb" 'BEGIN { printf "%-22s %10s %12.2f %12.0f %8.0f MB\n", "", "waltail", s, n / (s > 0 ? s : 0.01), k / 1024 }'
+    awk -v a="$wt_s" -v b="$dk_s" -v bin="$bin" -v f="$latest" 'BEGIN { printf "%-22s %10s %12s waltail takes %.2fx DuckDB'"'"'s time (%s; %d latest files)\n", "", "ratio", "", (b > 0 ? a / b : 0), bin, f }'
+  done
 done
