@@ -352,11 +352,7 @@ fn bucket_count(
     merge_bytes: u64,
 ) -> u32 {
     let (upserts, upsert_bytes) = spooled.map_or((0, 0), |s| (s.upserts, s.upsert_bytes));
-    let per_row = if upserts > 0 {
-        upsert_bytes / upserts
-    } else {
-        256
-    };
+    let per_row = upsert_bytes.checked_div(upserts).unwrap_or(256);
     let estimate = (entry.latest_rows + upserts).saturating_mul(per_row);
     let wanted = estimate
         .div_ceil(merge_bytes.max(1))
