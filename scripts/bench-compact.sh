@@ -32,10 +32,13 @@ else
   bins=${CARGO_TARGET_DIR:-target}/release/waltail
 fi
 
-echo "generating $CHANGES changes over $KEYS keys ..." >&2
-"$python" - "$work" "$CHANGES" "$KEYS" <<'PY'
+# Writes the archive in objects of $1 lines (the same changes for every $1:
+# one seed), one at a time so that the disk holds one archive.
+generate() {
+echo "generating $CHANGES changes over $KEYS keys in objects of $1 lines ..." >&2
+"$python" - "$work" "$CHANGES" "$KEYS" "$1" <<'PY'
 import json, os, random, sys
-work, n, keys = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+work, n, keys, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rnd = random.Random(42)
 schema = {"table": "public.bench", "version": 1, "columns": [
     {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": True},
@@ -46,7 +49,7 @@ schema = {"table": "public.bench", "version": 1, "columns": [
     {"name": "updated_at", "type": "timestamp with time zone", "type_oid": 1184, "type_modifier": -1, "key": False}],
     "replica_identity": "default"}
 outs = {}
-for lines in (100, 10000):
+for lines in (per,):
     root = os.path.join(work, f"archive-{lines}")
     os.makedirs(os.path.join(root, "_schemas", "public.bench"))
     with open(os.path.join(root, "_schemas", "public.bench", "1.json"), "w") as f:
@@ -86,6 +89,7 @@ for seq in range(1, n + 1):
         if len(buffers[lines]) == lines or seq == n or (seq * days // n) != day:
             flush(lines, seq, day)
 PY
+}
 
 # Prints "<seconds> <peak RSS KiB>" for a command.
 measure() {
@@ -95,6 +99,7 @@ measure() {
 }
 printf '%-22s %10s %12s %12s %10s\n' "archive" "engine" "seconds" "changes/s" "peak RSS"
 for lines in 100 10000; do
+  generate "$lines"
   root=$work/archive-$lines
   size=$(du -sh "$root" | cut -f1)
   label="$lines lines/object ($size)"
@@ -116,4 +121,5 @@ duckdb.sql(\"COPY (SELECT * FROM read_ndjson_auto('$root/2026/*/*/*.ndjson')) TO
     awk -v n="$CHANGES" -v s="$wt_s" -v k="$wt_kb" 'BEGIN { printf "%-22s %10s %12.2f %12.0f %8.0f MB\n", "", "waltail", s, n / (s > 0 ? s : 0.01), k / 1024 }'
     awk -v a="$wt_s" -v b="$dk_s" -v bin="$bin" -v f="$latest" 'BEGIN { printf "%-22s %10s %12s waltail takes %.2fx DuckDB'"'"'s time (%s; %d latest files)\n", "", "ratio", "", (b > 0 ? a / b : 0), bin, f }'
   done
+  rm -rf "$root" "$work/duck-$lines.parquet"
 done
