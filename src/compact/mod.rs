@@ -201,6 +201,7 @@ async fn run(
     let props = history::writer_properties(&config.compact);
     let ctx = session::session(Arc::clone(&store));
     let mut spool = spool::Spool::new()?;
+    let mut objects = read_ahead(&store, &plan, &shapes);
     for file in &plan.files {
         let mut open: HashMap<String, HistoryFile> = HashMap::new();
         for object in &file.objects {
@@ -212,18 +213,13 @@ async fn run(
                     .unwrap_or_default()
                     .to_string(),
             );
-            let body = listing::get(store.as_ref(), &ObjectPath::from(object.key.as_str())).await?;
-            for (n, line) in body.split(|&b| b == b'\n').enumerate() {
-                if line.is_empty() {
-                    continue;
-                }
-                let bad = |what: String| {
-                    Error::fatal(
-                        format!("{} line {}: {what}", object.key, n + 1),
-                        "archive objects are written by `waltail run`; restore this one from a copy, or move it away and compact again",
-                    )
-                };
-                let parsed = read::type_line(&shapes, line).map_err(bad)?;
+            let lines = objects.recv().await.unwrap_or_else(|| {
+                Err(Error::fatal(
+                    "the archive reader stopped early",
+                    "this is a bug in waltail; please report it",
+                ))
+            })?;
+            for parsed in lines {
                 if parsed.seq < object.from_seq {
                     // A repeat of a change compacted from an earlier object.
                     summary.repeats += 1;
@@ -337,6 +333,71 @@ async fn run(
     publish(store.as_ref(), prefix, &mut manifest).await?;
     summary.elapsed = started.elapsed();
     Ok(summary)
+}
+
+/// Objects read and parsed ahead of the writer: the NDJSON parse runs on
+/// one core while history, spool and Parquet encoding run on the other.
+const READ_AHEAD: usize = 4;
+
+/// Reads and types the plan's objects, in plan order, on a task of its own
+/// ([`READ_AHEAD`] objects ahead); stops when the receiver is dropped.
+fn read_ahead(
+    store: &Arc<dyn ObjectStore>,
+    plan: &Plan,
+    shapes: &HashMap<String, Arc<TableShape>>,
+) -> ReadAhead {
+    let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
+    let store = Arc::clone(store);
+    let shapes = shapes.clone();
+    let keys: Vec<String> = plan
+        .files
+        .iter()
+        .flat_map(|f| f.objects.iter().map(|o| o.key.clone()))
+        .collect();
+    let task = tokio::spawn(async move {
+        for key in keys {
+            let lines = async {
+                let body = listing::get(store.as_ref(), &ObjectPath::from(key.as_str())).await?;
+                let mut lines = Vec::new();
+                for (n, line) in body.split(|&b| b == b'\n').enumerate() {
+                    if line.is_empty() {
+                        continue;
+                    }
+                    lines.push(read::type_line(&shapes, line).map_err(|what| {
+                        Error::fatal(
+                            format!("{key} line {}: {what}", n + 1),
+                            "archive objects are written by `waltail run`; restore this one from a copy, or move it away and compact again",
+                        )
+                    })?);
+                }
+                Ok(lines)
+            }
+            .await;
+            let failed = lines.is_err();
+            if tx.send(lines).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    ReadAhead { rx, task }
+}
+
+/// The typed lines of each object, in plan order.
+struct ReadAhead {
+    rx: tokio::sync::mpsc::Receiver<Result<Vec<read::Line>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReadAhead {
+    async fn recv(&mut self) -> Option<Result<Vec<read::Line>>> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// Most buckets a latest view is split into.
