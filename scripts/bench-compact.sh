@@ -15,6 +15,7 @@
 # Usage: scripts/bench-compact.sh                     (release build; several minutes)
 #        SCALE=0.05 scripts/bench-compact.sh          (quick check)
 #        BENCH_BIN=path/to/waltail scripts/bench-compact.sh   (that binary, no build)
+#        BENCH_BIN="old/waltail new/waltail" scripts/bench-compact.sh   (each, on the same archive)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCALE=${SCALE:-1}
@@ -25,16 +26,19 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/waltail-bench-compact.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 python=$(scripts/duckdb.sh)
 if [ -n "${BENCH_BIN:-}" ]; then
-  bin=$BENCH_BIN
+  bins=$BENCH_BIN
 else
   cargo build --release --quiet
-  bin=${CARGO_TARGET_DIR:-target}/release/waltail
+  bins=${CARGO_TARGET_DIR:-target}/release/waltail
 fi
 
-echo "generating $CHANGES changes over $KEYS keys ..." >&2
-"$python" - "$work" "$CHANGES" "$KEYS" <<'PY'
+# Writes the archive in objects of $1 lines (the same changes for every $1:
+# one seed), one at a time so that the disk holds one archive.
+generate() {
+echo "generating $CHANGES changes over $KEYS keys in objects of $1 lines ..." >&2
+"$python" - "$work" "$CHANGES" "$KEYS" "$1" <<'PY'
 import json, os, random, sys
-work, n, keys = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+work, n, keys, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rnd = random.Random(42)
 schema = {"table": "public.bench", "version": 1, "columns": [
     {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": True},
@@ -45,7 +49,7 @@ schema = {"table": "public.bench", "version": 1, "columns": [
     {"name": "updated_at", "type": "timestamp with time zone", "type_oid": 1184, "type_modifier": -1, "key": False}],
     "replica_identity": "default"}
 outs = {}
-for lines in (100, 10000):
+for lines in (per,):
     root = os.path.join(work, f"archive-{lines}")
     os.makedirs(os.path.join(root, "_schemas", "public.bench"))
     with open(os.path.join(root, "_schemas", "public.bench", "1.json"), "w") as f:
@@ -85,6 +89,7 @@ for seq in range(1, n + 1):
         if len(buffers[lines]) == lines or seq == n or (seq * days // n) != day:
             flush(lines, seq, day)
 PY
+}
 
 # Prints "<seconds> <peak RSS KiB>" for a command.
 measure() {
@@ -94,20 +99,27 @@ measure() {
 }
 printf '%-22s %10s %12s %12s %10s\n' "archive" "engine" "seconds" "changes/s" "peak RSS"
 for lines in 100 10000; do
+  generate "$lines"
   root=$work/archive-$lines
   size=$(du -sh "$root" | cut -f1)
-  read -r wt_s wt_kb < <(
-    WALTAIL_PIPELINE=bench WALTAIL_SOURCE_URL=postgres://bench@127.0.0.1:1/bench \
-    WALTAIL_SOURCE_TABLES=public.bench WALTAIL_DESTINATION_TYPE=file \
-    WALTAIL_DESTINATION_PATH="$root" WALTAIL_STATE_DIR="$work/state" \
-    measure "$bin" compact)
-  grep -q "compacted" "$work/out" || { cat "$work/out" >&2; exit 1; }
+  label="$lines lines/object ($size)"
   read -r dk_s dk_kb < <(measure "$python" -c "
 import duckdb, sys
 duckdb.sql(\"COPY (SELECT * FROM read_ndjson_auto('$root/2026/*/*/*.ndjson')) TO '$work/duck-$lines.parquet' (FORMAT parquet, COMPRESSION zstd)\")
 ")
-  label="$lines lines/object ($size)"
-  awk -v l="$label" -v n="$CHANGES" -v s="$wt_s" -v k="$wt_kb" 'BEGIN { printf "%-22s %10s %12.2f %12.0f %8.0f MB\n", l, "waltail", s, n / (s > 0 ? s : 0.01), k / 1024 }'
-  awk -v n="$CHANGES" -v s="$dk_s" -v k="$dk_kb" 'BEGIN { printf "%-22s %10s %12.2f %12.0f %8.0f MB\n", "", "duckdb", s, n / (s > 0 ? s : 0.01), k / 1024 }'
-  awk -v a="$wt_s" -v b="$dk_s" 'BEGIN { printf "%-22s %10s %12s waltail takes %.2fx DuckDB'"'"'s time\n", "", "ratio", "", (b > 0 ? a / b : 0) }'
+  awk -v l="$label" -v n="$CHANGES" -v s="$dk_s" -v k="$dk_kb" 'BEGIN { printf "%-22s %10s %12.2f %12.0f %8.0f MB\n", l, "duckdb", s, n / (s > 0 ? s : 0.01), k / 1024 }'
+  for bin in $bins; do
+    # Each binary compacts the archive from scratch.
+    rm -rf "$root/parquet" "$root/latest" "$root/_waltail"
+    read -r wt_s wt_kb < <(
+      WALTAIL_PIPELINE=bench WALTAIL_SOURCE_URL=postgres://bench@127.0.0.1:1/bench \
+      WALTAIL_SOURCE_TABLES=public.bench WALTAIL_DESTINATION_TYPE=file \
+      WALTAIL_DESTINATION_PATH="$root" WALTAIL_STATE_DIR="$work/state" \
+      measure "$bin" compact)
+    grep -q "compacted" "$work/out" || { cat "$work/out" >&2; exit 1; }
+    latest=$(find "$root/latest" -name '*.parquet' | wc -l)
+    awk -v n="$CHANGES" -v s="$wt_s" -v k="$wt_kb" 'BEGIN { printf "%-22s %10s %12.2f %12.0f %8.0f MB\n", "", "waltail", s, n / (s > 0 ? s : 0.01), k / 1024 }'
+    awk -v a="$wt_s" -v b="$dk_s" -v bin="$bin" -v f="$latest" 'BEGIN { printf "%-22s %10s %12s waltail takes %.2fx DuckDB'"'"'s time (%s; %d latest files)\n", "", "ratio", "", (b > 0 ? a / b : 0), bin, f }'
+  done
+  rm -rf "$root" "$work/duck-$lines.parquet"
 done

@@ -74,6 +74,10 @@ pub enum Command {
         /// Show what would be compacted, write nothing
         #[arg(long)]
         dry_run: bool,
+        /// Take the compaction lock even if another run holds it (only when
+        /// that run is known to have crashed)
+        #[arg(long)]
+        force_unlock: bool,
     },
     /// Run SQL over the archive: `public.orders` is the latest row per key
     /// (compacted view plus the changes archived since), `history.public.orders`
@@ -205,8 +209,16 @@ pub fn main() -> ExitCode {
                 crate::source::backfill::command::backfill(&config, opts, stop).await
             }
             Command::Status { json } => crate::status::status(&config, json).await,
-            Command::Compact { tables, dry_run } => {
-                let opts = crate::compact::Options { dry_run, tables };
+            Command::Compact {
+                tables,
+                dry_run,
+                force_unlock,
+            } => {
+                let opts = crate::compact::Options {
+                    dry_run,
+                    tables,
+                    force_unlock,
+                };
                 crate::compact::command(&config, &opts)
                     .await
                     .map(|()| ExitCode::SUCCESS)

@@ -58,6 +58,11 @@ pub const DEFAULT_COMPACT_ROW_GROUP_ROWS: usize = 131_072;
 /// NDJSON bytes compacted into one Parquet file at most (256 MiB): large
 /// enough that engines open few files, small enough to rewrite cheaply.
 pub const DEFAULT_COMPACT_FILE_BYTES: u64 = 256 << 20;
+/// Memory the latest merge gives one bucket of keys (128 MiB): a table's
+/// latest view is merged a bucket at a time, with as many buckets as it
+/// takes for one to fit, so compact's peak memory stays a few hundred MB
+/// whatever the number of rows.
+pub const DEFAULT_COMPACT_MERGE_BYTES: u64 = 128 << 20;
 /// Where the archive goes when no `[destination]` is configured.
 pub const DEFAULT_ARCHIVE_DIR: &str = "./waltail-archive";
 pub const DEFAULT_STATE_DIR: &str = "./waltail-state";
@@ -102,6 +107,9 @@ pub struct CompactConfig {
     /// `compact.file_bytes`: NDJSON input bytes per history file at most,
     /// and the Parquet bytes per latest-view file at most.
     pub file_bytes: u64,
+    /// `compact.merge_bytes`: the estimated memory of one bucket of a
+    /// latest view being merged.
+    pub merge_bytes: u64,
 }
 
 impl Default for CompactConfig {
@@ -110,6 +118,7 @@ impl Default for CompactConfig {
             compression: Compression::Zstd,
             row_group_rows: DEFAULT_COMPACT_ROW_GROUP_ROWS,
             file_bytes: DEFAULT_COMPACT_FILE_BYTES,
+            merge_bytes: DEFAULT_COMPACT_MERGE_BYTES,
         }
     }
 }
@@ -385,6 +394,7 @@ struct RawCompact {
     compression: Option<String>,
     row_group_rows: Option<i64>,
     file_bytes: Option<i64>,
+    merge_bytes: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -472,6 +482,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("compact", "compression", Kind::Str),
     ("compact", "row_group_rows", Kind::Int),
     ("compact", "file_bytes", Kind::Int),
+    ("compact", "merge_bytes", Kind::Int),
 ];
 
 /// `WALTAIL_*` variables that are not configuration keys.
@@ -938,6 +949,12 @@ fn compact(c: RawCompact) -> Result<CompactConfig> {
             "compact.file_bytes",
             c.file_bytes,
             DEFAULT_COMPACT_FILE_BYTES as i64,
+            1 << 40,
+        )? as u64,
+        merge_bytes: positive(
+            "compact.merge_bytes",
+            c.merge_bytes,
+            DEFAULT_COMPACT_MERGE_BYTES as i64,
             1 << 40,
         )? as u64,
     })

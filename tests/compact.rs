@@ -590,3 +590,360 @@ async fn a_local_folder_archive_compacts_in_place() {
     w.stop();
     db.drop_db().await;
 }
+
+/// A generated archive of one table `public.t (id bigint key, doc text, n
+/// int)` in a local folder: inserts, updates (one in three leaving `doc`
+/// out, as unchanged TOAST), deletes, updates that move a row to a new key
+/// (some leaving `doc` out), and a truncate at `truncate_at`; written as NDJSON objects of 50
+/// changes with its schema record. Returns the expected latest rows (id ->
+/// [doc, n, seq]) after `seqs` changes, by a model of the contract.
+struct GeneratedArchive {
+    lines: Vec<String>,
+    expected: std::collections::BTreeMap<i64, (Value, Value, u64)>,
+}
+
+fn generate_archive(changes: u64, keys: i64, seed: u64, truncate_at: u64) -> GeneratedArchive {
+    use std::collections::BTreeMap;
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut rows: BTreeMap<i64, (Value, Value, u64)> = BTreeMap::new();
+    let mut lines = Vec::new();
+    let mut next_id = keys;
+    for seq in 1..=changes {
+        let line = |op: &str, data: Value, old: Value| {
+            json!({"op": op, "table": "public.t", "data": data, "old": old, "seq": seq,
+                   "idempotency_key": format!("k{seq}"), "commit_lsn": format!("0/{:X}", seq * 8)})
+            .to_string()
+        };
+        if seq == truncate_at {
+            rows.clear();
+            lines.push(line("truncate", Value::Null, Value::Null));
+            continue;
+        }
+        let id = rng.i64(0..keys);
+        let doc = json!(format!("doc {id} {seq}"));
+        let n = json!(rng.i32(0..1000));
+        let l = match rows.get(&id).cloned() {
+            None => {
+                rows.insert(id, (doc.clone(), n.clone(), seq));
+                line("insert", json!({"id": id, "doc": doc, "n": n}), Value::Null)
+            }
+            Some((old_doc, _, _)) => match rng.u8(0..10) {
+                0..=1 => {
+                    rows.remove(&id);
+                    line("delete", Value::Null, json!({"id": id}))
+                }
+                2..=3 => {
+                    // The key changes: a new id, the row moves.
+                    next_id += 1;
+                    let to = next_id;
+                    rows.remove(&id);
+                    let keep = rng.bool();
+                    let data = if keep {
+                        json!({"id": to, "n": n})
+                    } else {
+                        json!({"id": to, "doc": doc, "n": n})
+                    };
+                    let new_doc = if keep { old_doc } else { doc };
+                    rows.insert(to, (new_doc, n.clone(), seq));
+                    line("update", data, json!({"id": id}))
+                }
+                _ => {
+                    let keep = rng.u8(0..3) == 0;
+                    let data = if keep {
+                        json!({"id": id, "n": n})
+                    } else {
+                        json!({"id": id, "doc": doc, "n": n})
+                    };
+                    let new_doc = if keep { old_doc } else { doc };
+                    rows.insert(id, (new_doc, n.clone(), seq));
+                    line("update", data, Value::Null)
+                }
+            },
+        };
+        lines.push(l);
+    }
+    GeneratedArchive {
+        lines,
+        expected: rows,
+    }
+}
+
+/// Writes changes `from..=to` (1-based seqs) of `archive` into `root` as
+/// objects of 50 lines, with the schema record.
+fn write_archive(root: &Path, archive: &GeneratedArchive, from: u64, to: u64) {
+    let schema = json!({"table": "public.t", "version": 1, "replica_identity": "default", "columns": [
+        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
+        {"name": "doc", "type": "text", "type_oid": 25, "type_modifier": -1, "key": false},
+        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false}]});
+    let dir = root.join("_schemas/public.t");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("1.json"), schema.to_string()).unwrap();
+    let day = root.join("2026/11/30");
+    std::fs::create_dir_all(&day).unwrap();
+    let mut first = from;
+    while first <= to {
+        let last = (first + 49).min(to);
+        let body: String = (first..=last)
+            .map(|s| format!("{}\n", archive.lines[s as usize - 1]))
+            .collect();
+        std::fs::write(day.join(format!("gen-{first}-{last}.ndjson")), body).unwrap();
+        first = last + 1;
+    }
+}
+
+/// Compacts the local archive at `root` in this process.
+async fn compact_in_process(root: &Path, merge_bytes: u64) -> waltail::compact::Summary {
+    let toml = format!(
+        "pipeline = \"gen\"\nstate_dir = \"{}/state\"\n[source]\nurl = \"postgres://x@127.0.0.1:1/x\"\ntables = [\"public.t\"]\n[destination]\ntype = \"file\"\npath = \"{}\"\n[compact]\nmerge_bytes = {merge_bytes}\n",
+        root.display(),
+        root.display()
+    );
+    let config = waltail::config::Config::from_parts(
+        Some(&toml),
+        "test",
+        &std::collections::BTreeMap::new(),
+    )
+    .unwrap();
+    waltail::compact::compact(&config, &waltail::compact::Options::default())
+        .await
+        .unwrap()
+}
+
+/// The latest view of public.t as written: id -> [doc, n, _seq], and the
+/// number of files.
+fn read_latest(root: &Path) -> (std::collections::BTreeMap<i64, (Value, Value, u64)>, usize) {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::{Int32Type, Int64Type};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let mut rows = std::collections::BTreeMap::new();
+    let mut files = 0;
+    for entry in std::fs::read_dir(root.join("latest/public/t")).unwrap() {
+        files += 1;
+        let file = std::fs::File::open(entry.unwrap().path()).unwrap();
+        for batch in ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .build()
+            .unwrap()
+        {
+            let batch = batch.unwrap();
+            let ids = batch
+                .column_by_name("id")
+                .unwrap()
+                .as_primitive::<Int64Type>();
+            let docs = batch.column_by_name("doc").unwrap().as_string::<i32>();
+            let ns = batch
+                .column_by_name("n")
+                .unwrap()
+                .as_primitive::<Int32Type>();
+            let seqs = batch
+                .column_by_name("_seq")
+                .unwrap()
+                .as_primitive::<Int64Type>();
+            for i in 0..batch.num_rows() {
+                let doc = if docs.is_null(i) {
+                    Value::Null
+                } else {
+                    json!(docs.value(i))
+                };
+                let n = if ns.is_null(i) {
+                    Value::Null
+                } else {
+                    json!(ns.value(i))
+                };
+                let before = rows.insert(ids.value(i), (doc, n, seqs.value(i) as u64));
+                assert!(before.is_none(), "id {} twice in latest/", ids.value(i));
+            }
+        }
+    }
+    (rows, files)
+}
+
+fn manifest_buckets(root: &Path) -> u64 {
+    let m: Value = serde_json::from_slice(
+        &std::fs::read(root.join("_waltail/compaction/manifest.json")).unwrap(),
+    )
+    .unwrap();
+    m["tables"]["public.t"]["buckets"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_latest_view_merged_bucket_by_bucket_equals_the_one_merged_whole() {
+    let archive = generate_archive(6000, 400, 7, 3000);
+    let half = generate_archive(2999, 400, 7, 3000);
+    assert_eq!(&archive.lines[..2999], &half.lines[..]);
+    let moves = archive
+        .lines
+        .iter()
+        .filter(|l| l.contains(r#""op":"update""#) && !l.contains(r#""old":null"#))
+        .count();
+    assert!(moves > 200, "key moves: {moves}");
+
+    let whole = tempfile::tempdir().unwrap();
+    let bucketed = tempfile::tempdir().unwrap();
+    // Run 1: seqs 1..=2999 (the truncate is seq 3000).
+    for (root, merge_bytes) in [(whole.path(), 1 << 30), (bucketed.path(), 60_000)] {
+        write_archive(root, &archive, 1, 2999);
+        let s = compact_in_process(root, merge_bytes).await;
+        assert_eq!(s.changes, 2999);
+        let (latest, _) = read_latest(root);
+        assert_eq!(latest, half.expected, "run 1, merge_bytes {merge_bytes}");
+    }
+    assert_eq!(manifest_buckets(whole.path()), 1);
+    let first = manifest_buckets(bucketed.path());
+    assert!((4..=32).contains(&first), "{first} buckets");
+
+    // Run 2: the rest, the truncate included; the bucketed archive's
+    // buckets grow past the spool's partitions.
+    for (root, merge_bytes) in [(whole.path(), 1 << 30), (bucketed.path(), 2_000)] {
+        write_archive(root, &archive, 3000, 6000);
+        compact_in_process(root, merge_bytes).await;
+        let (latest, files) = read_latest(root);
+        assert_eq!(latest, archive.expected, "run 2, merge_bytes {merge_bytes}");
+        assert!(files >= 1);
+    }
+    assert_eq!(manifest_buckets(whole.path()), 1);
+    let second = manifest_buckets(bucketed.path());
+    assert!(second > 32 && second > first, "{second} buckets");
+}
+
+/// Uploads changes `from..=to` of `archive` under `prefix`, as
+/// [`write_archive`] lays them out.
+async fn upload_archive(prefix: &str, archive: &GeneratedArchive, from: u64, to: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    write_archive(dir.path(), archive, from, to);
+    let store = admin_store();
+    for entry in walk(dir.path()) {
+        let key = format!(
+            "{prefix}/{}",
+            entry.strip_prefix(dir.path()).unwrap().display()
+        );
+        store
+            .put(
+                &ObjectPath::from(key.as_str()),
+                PutPayload::from(std::fs::read(&entry).unwrap()),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+async fn exists(key: &str) -> bool {
+    admin_store().head(&ObjectPath::from(key)).await.is_ok()
+}
+
+/// Waits until `what` holds, polling.
+async fn wait_until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !f().await {
+        assert!(start.elapsed() < timeout, "not within {timeout:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn of_two_compacts_at_once_one_commits_and_the_other_says_who_runs() {
+    let archive = generate_archive(3000, 300, 11, 1500);
+    let prefix = unique("compactlock");
+    upload_archive(&prefix, &archive, 1, 3000).await;
+    let s3 = s3();
+    let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
+    proxy.set_mode(Mode::Delay(Duration::from_millis(20)));
+    let mut slow = Waltail::without_db("gen", "public.t");
+    slow.s3(&prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url());
+    slow.spawn(&["compact"]);
+    let lock = format!("{prefix}/_waltail/compaction/lock.json");
+    wait_until(
+        "the slow run holds the lock and its plan is stored",
+        Duration::from_secs(60),
+        async || exists(&lock).await && manifest(&prefix).await["pending"].is_object(),
+    )
+    .await;
+
+    // A second run is refused, and told by whom and what to do.
+    let mut other = Waltail::without_db("gen", "public.t");
+    other.s3(&prefix);
+    let (status, stdout, stderr) = other.output(&["compact"]);
+    assert_eq!(status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("another compact is running")
+            && stderr.contains(&format!("pid {}", slow.pid()))
+            && stderr.contains("--force-unlock"),
+        "{stderr}"
+    );
+
+    // Forced while the first still runs: it completes the first one's plan
+    // and commits; the first then cannot commit over it.
+    proxy.set_mode(Mode::Delay(Duration::from_millis(300)));
+    let (status, stdout, stderr) = other.output(&["compact", "--force-unlock"]);
+    assert!(status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("completed an interrupted run"), "{stdout}");
+    proxy.set_mode(Mode::Pass);
+    let status = slow.wait_exit(Duration::from_secs(120));
+    assert!(!status.success(), "{}", slow.log());
+    assert!(
+        slow.log().contains("changed by another compact"),
+        "{}",
+        slow.log()
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    assert_eq!(read_latest(dir.path()).0, archive.expected);
+    assert!(!exists(&lock).await, "the lock is released");
+    let (status, stdout, stderr) = other.output(&["compact"]);
+    assert!(status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("nothing new to compact"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compact_outlasts_a_store_that_drops_connections_for_seconds() {
+    let archive = generate_archive(3000, 300, 12, 1500);
+    let prefix = unique("compactretry");
+    upload_archive(&prefix, &archive, 1, 3000).await;
+    let s3 = s3();
+    let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
+    proxy.set_mode(Mode::Delay(Duration::from_millis(10)));
+    let mut w = Waltail::without_db("gen", "public.t");
+    w.s3(&prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
+        .set("WALTAIL_COMPACT_FILE_BYTES", "20000");
+    w.spawn(&["compact"]);
+    wait_until(
+        "the run has written history",
+        Duration::from_secs(60),
+        async || {
+            !listing(admin_store().as_ref(), &format!("{prefix}/parquet"))
+                .await
+                .is_empty()
+        },
+    )
+    .await;
+    // The store is gone for three seconds: every connection reset.
+    proxy.set_mode(Mode::Reset);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.set_mode(Mode::Pass);
+    let status = w.wait_exit(Duration::from_secs(180));
+    assert!(status.success(), "{}", w.log());
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    assert_eq!(read_latest(dir.path()).0, archive.expected);
+    let history = duck(&format!(
+        "SELECT count(*), count(DISTINCT _seq), min(_seq), max(_seq) FROM read_parquet('{}/parquet/*/*/*/*.parquet')",
+        dir.path().display()
+    ));
+    assert_eq!(history, [[json!(3000), json!(3000), json!(1), json!(3000)]]);
+}

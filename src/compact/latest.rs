@@ -11,10 +11,19 @@
 //! the previous generation is deleted after. Readers that want a consistent
 //! view while a run replaces the files read the files the manifest lists.
 //!
-//! Memory: the rows of the table being merged (its keys and values), not
-//! the archive's changes, which stream.
+//! Buckets: a table's keys are split into `n` buckets by the hash of the
+//! key ([`super::spool::bucket_of`], `n` a power of two recorded in the
+//! manifest), and the view is merged and written one bucket at a time, as
+//! files `<generation>-<bucket>-<part>.parquet`: memory holds the rows of
+//! one bucket, not the table's. `n` grows (doubling) with the table; bucket
+//! `b` of `n` then draws its previous rows from bucket `b % n_before`.
+//! An update that moves a row to a key of another bucket is applied in
+//! both: the old key's bucket drops the row, the new key's bucket takes the
+//! values it left out (unchanged TOAST) from the old row, replaying the old
+//! bucket up to that change when it comes later in the merge.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
@@ -28,6 +37,7 @@ use super::history::{ParquetFile, table_dir};
 use super::manifest::Move;
 use super::read::{ChangeOp, TypedChange};
 use super::session::table_url;
+use super::spool::{Spool, Step, bucket_of};
 use super::typing::{Cell, TableShape, build_array, read_cells};
 use crate::{Error, Result};
 
@@ -78,6 +88,18 @@ impl LatestView {
         shape: Arc<TableShape>,
         files: &[String],
     ) -> Result<LatestView> {
+        LatestView::load_bucket(ctx, shape, files, 0, 1).await
+    }
+
+    /// Reads the rows of bucket `bucket` of `buckets` from `files` (keys in
+    /// the store): rows of other buckets are skipped.
+    pub async fn load_bucket(
+        ctx: &SessionContext,
+        shape: Arc<TableShape>,
+        files: &[String],
+        bucket: u32,
+        buckets: u32,
+    ) -> Result<LatestView> {
         let mut view = LatestView::empty(shape);
         if files.is_empty() {
             return Ok(view);
@@ -97,13 +119,14 @@ impl LatestView {
         let mut stream = df.execute_stream().await.map_err(df_error)?;
         while let Some(batch) = stream.next().await {
             let batch = batch.map_err(df_error)?;
-            view.absorb(&batch)?;
+            view.absorb(&batch, bucket, buckets)?;
         }
         Ok(view)
     }
 
-    /// Adds the rows of a batch of a previous generation.
-    fn absorb(&mut self, batch: &RecordBatch) -> Result<()> {
+    /// Adds the rows of a batch of a previous generation that are in
+    /// bucket `bucket` of `buckets`.
+    fn absorb(&mut self, batch: &RecordBatch, bucket: u32, buckets: u32) -> Result<()> {
         let n = batch.num_rows();
         let bad = |what: String| {
             Error::fatal(
@@ -145,6 +168,9 @@ impl LatestView {
                 .iter_mut()
                 .map(|it| it.next().expect("one cell per row"))
                 .collect();
+            if buckets > 1 && bucket_of(keys.value(i), buckets) != bucket {
+                continue;
+            }
             self.rows.insert(
                 keys.value(i).into(),
                 Row {
@@ -200,6 +226,46 @@ impl LatestView {
         }
     }
 
+    /// Applies an update that moved a row here from a key of another
+    /// bucket: `moved` is the old row's values at that change (`None` when
+    /// there was no such row), as [`LatestView::apply`] would have found it.
+    pub fn apply_moved_in(&mut self, change: &TypedChange, moved: Option<Vec<Cell>>) {
+        let Some(key) = change.key.as_deref() else {
+            return;
+        };
+        let previous = moved.or_else(|| self.rows.remove(key).map(|r| r.cells));
+        let cells = change
+            .cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match c {
+                Cell::Absent => previous
+                    .as_ref()
+                    .map(|p| p[i].clone())
+                    .unwrap_or(Cell::Null),
+                c => c.clone(),
+            })
+            .collect();
+        self.rows.insert(
+            key.into(),
+            Row {
+                seq: change.seq,
+                lsn: change.lsn.as_str().into(),
+                cells,
+            },
+        );
+    }
+
+    /// Removes the row under `key`; its values.
+    pub fn remove(&mut self, key: &str) -> Option<Vec<Cell>> {
+        self.rows.remove(key).map(|r| r.cells)
+    }
+
+    /// The values of the row under `key`.
+    pub fn get(&self, key: &str) -> Option<&[Cell]> {
+        self.rows.get(key).map(|r| r.cells.as_slice())
+    }
+
     pub fn len(&self) -> usize {
         self.rows.len()
     }
@@ -221,6 +287,42 @@ impl LatestView {
         props: &WriterProperties,
         file_bytes: u64,
     ) -> Result<(Vec<Move>, u64)> {
+        let stem = format!("{generation:08}");
+        self.write_files(store, prefix, staging, &stem, props, file_bytes, true)
+            .await
+    }
+
+    /// Writes the view as bucket `bucket` of generation `generation`, as
+    /// [`LatestView::write`] does, in files `<generation>-<bucket>-<part>`;
+    /// an empty bucket writes no file unless `always`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn write_bucket(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        prefix: Option<&str>,
+        staging: &str,
+        generation: u64,
+        bucket: u32,
+        props: &WriterProperties,
+        file_bytes: u64,
+        always: bool,
+    ) -> Result<(Vec<Move>, u64)> {
+        let stem = format!("{generation:08}-{bucket:04}");
+        self.write_files(store, prefix, staging, &stem, props, file_bytes, always)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn write_files(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        prefix: Option<&str>,
+        staging: &str,
+        stem: &str,
+        props: &WriterProperties,
+        file_bytes: u64,
+        always: bool,
+    ) -> Result<(Vec<Move>, u64)> {
         let schema = latest_schema(&self.shape);
         let dir = table_dir(prefix, staging, &self.shape);
         let final_dir = table_dir(prefix, "latest", &self.shape);
@@ -239,7 +341,7 @@ impl LatestView {
                 Some(f) => f,
                 None => file.insert(ParquetFile::create(
                     store,
-                    format!("{dir}/{generation:08}-{:04}.parquet", written.len()),
+                    format!("{dir}/{stem}-{:04}.parquet", written.len()),
                     Arc::clone(&schema),
                     props.clone(),
                 )?),
@@ -271,16 +373,19 @@ impl LatestView {
         }
         // An empty table still gets a file, so readers find its columns.
         let f = match file {
-            Some(f) => f,
-            None => ParquetFile::create(
+            Some(f) => Some(f),
+            None if always => Some(ParquetFile::create(
                 store,
-                format!("{dir}/{generation:08}-0000.parquet"),
+                format!("{dir}/{stem}-0000.parquet"),
                 Arc::clone(&schema),
                 props.clone(),
-            )?,
+            )?),
+            None => None,
         };
-        written.push(f.key.clone());
-        bytes += f.finish().await?;
+        if let Some(f) = f {
+            written.push(f.key.clone());
+            bytes += f.finish().await?;
+        }
         let moves = written
             .into_iter()
             .map(|from| Move {
@@ -293,6 +398,111 @@ impl LatestView {
             .collect();
         Ok((moves, bytes))
     }
+}
+
+/// The bucket a latest-view file holds, from its name:
+/// `<generation>-<bucket>-<part>.parquet`; files of a generation written
+/// before buckets existed (`<generation>-<part>.parquet`) hold bucket 0 of 1.
+pub fn file_bucket(key: &str) -> u32 {
+    let name = key.rsplit('/').next().unwrap_or(key);
+    let stem = name.strip_suffix(".parquet").unwrap_or(name);
+    let parts: Vec<&str> = stem.split('-').collect();
+    match parts.as_slice() {
+        [_, bucket, _] => bucket.parse().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// What a bucket merge reads: the previous generation and the run's spool.
+pub struct MergeInput<'a> {
+    pub ctx: &'a SessionContext,
+    pub shape: &'a Arc<TableShape>,
+    /// The previous generation's files and its bucket count.
+    pub previous: &'a [String],
+    pub previous_buckets: u32,
+    pub spool: &'a Spool,
+    /// The bucket count of this merge (a multiple of `previous_buckets`).
+    pub buckets: u32,
+}
+
+/// The latest view of bucket `bucket`: the previous generation's rows of
+/// the bucket with the run's changes of the bucket applied in seq order,
+/// those before seq `until` only when it is given. `moved` holds, by seq,
+/// the old row of each update that moved a row across buckets leaving
+/// columns out; filled as buckets are merged, and by replaying a bucket
+/// that comes later in the merge when a value is needed before.
+pub async fn merge_bucket(
+    input: &MergeInput<'_>,
+    bucket: u32,
+    until: Option<u64>,
+    moved: &mut HashMap<u64, Option<Vec<Cell>>>,
+) -> Result<LatestView> {
+    let n = input.buckets;
+    let previous_bucket = bucket & (input.previous_buckets.max(1) - 1);
+    let files: Vec<String> = input
+        .previous
+        .iter()
+        .filter(|f| file_bucket(f) == previous_bucket)
+        .cloned()
+        .collect();
+    let mut view =
+        LatestView::load_bucket(input.ctx, Arc::clone(input.shape), &files, bucket, n).await?;
+    let table = &input.shape.table;
+    let rounds: Vec<Vec<PathBuf>> = input.spool.rounds(table, bucket, n);
+    for files in rounds {
+        for step in input.spool.read_round(table, &files, bucket, n)? {
+            if until.is_some_and(|u| step.seq() >= u) {
+                return Ok(view);
+            }
+            match step {
+                Step::MoveOut {
+                    seq,
+                    from,
+                    to,
+                    carry,
+                } => {
+                    if bucket_of(&to, n) == bucket {
+                        continue; // the update itself, in this bucket, moves it
+                    }
+                    let row = view.remove(&from);
+                    if carry {
+                        moved.insert(seq, row);
+                    }
+                }
+                Step::Change(c) => {
+                    let moved_from = match (&c.old_key, &c.key) {
+                        (Some(old), Some(key)) if c.op == ChangeOp::Upsert && old != key => {
+                            Some(bucket_of(old, n)).filter(|b| *b != bucket)
+                        }
+                        _ => None,
+                    };
+                    let Some(from) = moved_from else {
+                        view.apply(&c);
+                        continue;
+                    };
+                    let carried = if c.cells.contains(&Cell::Absent) {
+                        match moved.get(&c.seq) {
+                            Some(row) => row.clone(),
+                            None => {
+                                // The old key's bucket is merged later:
+                                // replay it up to this change.
+                                let old = c.old_key.as_deref().expect("matched above");
+                                let before =
+                                    Box::pin(merge_bucket(input, from, Some(c.seq), moved)).await?;
+                                let row = before.get(old).map(<[Cell]>::to_vec);
+                                moved.insert(c.seq, row.clone());
+                                row
+                            }
+                        }
+                    } else {
+                        None
+                    };
+                    view.apply_moved_in(&c, carried);
+                }
+            }
+        }
+    }
+    Ok(view)
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use serde::{Deserialize, Serialize};
 
 use super::listing::{ArchiveObject, under};
@@ -47,6 +47,10 @@ pub struct Manifest {
     /// staging into `latest/` (a run stopped while publishing them).
     #[serde(default)]
     pub publish: Vec<Move>,
+    /// The stored manifest's version as this one was read or last
+    /// committed (`None`: there was none), for [`Manifest::commit`].
+    #[serde(skip)]
+    pub version: Option<UpdateVersion>,
 }
 
 /// A staged file and its final key.
@@ -69,8 +73,20 @@ pub struct TableEntry {
     pub latest: Vec<String>,
     /// Rows in the latest view.
     pub latest_rows: u64,
+    /// Buckets the latest view is split into by key hash (a power of two;
+    /// 0 in manifests written before buckets, meaning 1). Only grows, so a
+    /// later run finds each bucket's previous rows in one bucket's files.
+    #[serde(default)]
+    pub buckets: u32,
     /// Changes in the history.
     pub history_rows: u64,
+}
+
+impl TableEntry {
+    /// The latest view's bucket count (at least 1).
+    pub fn bucket_count(&self) -> u32 {
+        self.buckets.max(1)
+    }
 }
 
 /// What a run compacts, fixed before anything is written.
@@ -116,11 +132,18 @@ impl Manifest {
     /// The manifest, or an empty one before the first run.
     pub async fn load(store: &dyn ObjectStore, prefix: Option<&str>) -> Result<Manifest> {
         let path = Self::path(prefix);
-        let body = match store.get(&path).await {
-            Ok(got) => got
-                .bytes()
-                .await
-                .map_err(|e| Error::store("GET", path.to_string(), e))?,
+        let (body, version) = match store.get(&path).await {
+            Ok(got) => {
+                let version = UpdateVersion {
+                    e_tag: got.meta.e_tag.clone(),
+                    version: got.meta.version.clone(),
+                };
+                let body = got
+                    .bytes()
+                    .await
+                    .map_err(|e| Error::store("GET", path.to_string(), e))?;
+                (body, version)
+            }
             Err(object_store::Error::NotFound { .. }) => {
                 return Ok(Manifest {
                     format: FORMAT,
@@ -129,7 +152,7 @@ impl Manifest {
             }
             Err(e) => return Err(Error::store("GET", path.to_string(), e)),
         };
-        let manifest: Manifest = serde_json::from_slice(&body).map_err(|e| {
+        let mut manifest: Manifest = serde_json::from_slice(&body).map_err(|e| {
             Error::fatal(
                 format!("the compaction manifest {path} is not valid: {e}"),
                 "restore it from a backup; or delete it with the parquet/ and latest/ folders to compact everything again",
@@ -144,7 +167,66 @@ impl Manifest {
                 "run the waltail version that wrote it, or a newer one",
             ));
         }
+        manifest.version = Some(version);
         Ok(manifest)
+    }
+
+    /// Replaces the manifest if it is still the version this one was read
+    /// as (or last committed): a conditional PUT (If-Match on S3; If-None-
+    /// Match when there was none), so a run cannot overwrite what another
+    /// run committed meanwhile. A local folder has no conditional replace:
+    /// there the lock alone keeps runs apart.
+    pub async fn commit(&mut self, store: &dyn ObjectStore, prefix: Option<&str>) -> Result<()> {
+        let path = Self::path(prefix);
+        let body = Bytes::from(serde_json::to_vec_pretty(self).expect("the manifest serialises"));
+        let mode = match self.version.clone() {
+            Some(v) => PutMode::Update(v),
+            None => PutMode::Create,
+        };
+        let put = |mode| {
+            store.put_opts(
+                &path,
+                PutPayload::from(body.clone()),
+                PutOptions {
+                    mode,
+                    ..PutOptions::default()
+                },
+            )
+        };
+        let result = match put(mode).await {
+            Err(object_store::Error::NotImplemented { .. }) => put(PutMode::Overwrite).await,
+            other => other,
+        };
+        match result {
+            Ok(put) => {
+                self.version = Some(put.into());
+                Ok(())
+            }
+            Err(
+                e @ (object_store::Error::Precondition { .. }
+                | object_store::Error::AlreadyExists { .. }),
+            ) => {
+                // Our own PUT, answered late and retried, looks like this
+                // too: the stored bytes tell.
+                if let Ok(got) = store.get(&path).await {
+                    let version = UpdateVersion {
+                        e_tag: got.meta.e_tag.clone(),
+                        version: got.meta.version.clone(),
+                    };
+                    if got.bytes().await.is_ok_and(|b| b == body) {
+                        self.version = Some(version);
+                        return Ok(());
+                    }
+                }
+                Err(Error::fatal(
+                    format!(
+                        "the compaction manifest {path} was changed by another compact while this one ran ({e})"
+                    ),
+                    "nothing of this run is visible; the other run's result stands. Run `waltail compact` again",
+                ))
+            }
+            Err(e) => Err(Error::store("PUT", path.to_string(), e)),
+        }
     }
 
     /// Replaces the manifest (one PUT: readers see the old or the new one).

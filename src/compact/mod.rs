@@ -20,9 +20,11 @@
 pub mod history;
 pub mod latest;
 pub mod listing;
+pub mod lock;
 pub mod manifest;
 pub mod read;
 pub mod session;
+pub mod spool;
 pub mod typing;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -36,9 +38,9 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use self::history::HistoryFile;
-use self::latest::LatestView;
+use self::latest::{MergeInput, merge_bucket};
+use self::lock::Lock;
 use self::manifest::{Manifest, Plan, plan_files};
-use self::read::Envelope;
 use self::typing::TableShape;
 use crate::config::Config;
 use crate::sink::Sink;
@@ -51,6 +53,8 @@ pub struct Options {
     pub dry_run: bool,
     /// `schema.table` names; all tables with schema records when empty.
     pub tables: Vec<String>,
+    /// Take the compaction lock over even when its holder looks alive.
+    pub force_unlock: bool,
 }
 
 /// What a run did.
@@ -85,12 +89,54 @@ pub async fn command(config: &Config, opts: &Options) -> Result<()> {
     Ok(())
 }
 
-/// Compacts what is new in the archive (see the module doc).
+/// Compacts what is new in the archive (see the module doc), holding the
+/// archive's compaction lock (see [`lock`]) unless it is a dry run.
 pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
     let started = Instant::now();
-    let sink = Sink::new(&config.destination, config.delivery.request_timeout)?;
+    let sink = Sink::with_retry(
+        &config.destination,
+        config.delivery.request_timeout,
+        store_retry(),
+    )?;
+    if opts.dry_run {
+        return run(config, opts, &sink, None, started).await;
+    }
+    let lock = Lock::acquire(Arc::clone(sink.store()), sink.prefix(), opts.force_unlock).await?;
+    let result = run(config, opts, &sink, Some(&lock), started).await;
+    let released = lock.release().await;
+    let summary = result?;
+    released?;
+    Ok(summary)
+}
+
+/// How compact's requests are retried: reads and writes of a run that
+/// takes minutes should outlast a store that restarts or drops
+/// connections for a few seconds (the streaming sink instead has its own,
+/// longer policy and no client retries). Connection failures, 5xx, 429
+/// and timeouts of idempotent requests are retried, from 100 ms doubling
+/// to 15 s, for 2 minutes at most.
+pub fn store_retry() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        backoff: object_store::BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(15),
+            base: 2.0,
+        },
+        max_retries: 15,
+        retry_timeout: Duration::from_secs(120),
+    }
+}
+
+async fn run(
+    config: &Config,
+    opts: &Options,
+    sink: &Sink,
+    lock: Option<&Lock>,
+    started: Instant,
+) -> Result<Summary> {
     let store = Arc::clone(sink.store());
     let prefix = sink.prefix();
+    let check_lock = || lock.map_or(Ok(()), Lock::check);
     let mut manifest = Manifest::load(store.as_ref(), prefix).await?;
     if !opts.dry_run {
         // A run that stopped while publishing its latest view: finish that first.
@@ -147,13 +193,15 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
     }
     if !summary.resumed {
         manifest.pending = Some(plan.clone());
-        manifest.store(store.as_ref(), prefix).await?;
+        check_lock()?;
+        manifest.commit(store.as_ref(), prefix).await?;
     }
 
     let bar = progress_bar(summary.bytes_in);
     let props = history::writer_properties(&config.compact);
     let ctx = session::session(Arc::clone(&store));
-    let mut views: BTreeMap<String, LatestView> = BTreeMap::new();
+    let mut spool = spool::Spool::new()?;
+    let mut objects = read_ahead(&store, &plan, &shapes);
     for file in &plan.files {
         let mut open: HashMap<String, HistoryFile> = HashMap::new();
         for object in &file.objects {
@@ -165,45 +213,28 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
                     .unwrap_or_default()
                     .to_string(),
             );
-            let body = listing::get(store.as_ref(), &ObjectPath::from(object.key.as_str())).await?;
-            for (n, line) in body.split(|&b| b == b'\n').enumerate() {
-                if line.is_empty() {
-                    continue;
-                }
-                let bad = |what: String| {
-                    Error::fatal(
-                        format!("{} line {}: {what}", object.key, n + 1),
-                        "archive objects are written by `waltail run`; restore this one from a copy, or move it away and compact again",
-                    )
-                };
-                let env: Envelope = serde_json::from_slice(line).map_err(|e| bad(e.to_string()))?;
-                if env.seq < object.from_seq {
+            let lines = objects.recv().await.unwrap_or_else(|| {
+                Err(Error::fatal(
+                    "the archive reader stopped early",
+                    "this is a bug in waltail; please report it",
+                ))
+            })?;
+            for parsed in lines {
+                if parsed.seq < object.from_seq {
                     // A repeat of a change compacted from an earlier object.
                     summary.repeats += 1;
                     continue;
                 }
-                let Some(shape) = shapes.get(&env.table) else {
+                let Some((shape, change)) = parsed.change else {
                     continue; // a table not compacted in this run
                 };
-                let start = table_start(&manifest, &env.table);
-                if env.seq < start {
+                let start = table_start(&manifest, &shape.table);
+                if change.seq < start {
                     continue;
                 }
-                let table = env.table.clone();
-                let change = read::type_change(shape, env).map_err(bad)?;
-                let view = match views.get_mut(&table) {
-                    Some(v) => v,
-                    None => {
-                        let previous = manifest
-                            .tables
-                            .get(&table)
-                            .map(|e| e.latest.clone())
-                            .unwrap_or_default();
-                        let v = LatestView::load(&ctx, Arc::clone(shape), &previous).await?;
-                        views.entry(table.clone()).or_insert(v)
-                    }
-                };
-                view.apply(&change);
+                let shape = &shape;
+                let table = shape.table.clone();
+                spool.push(shape, &change)?;
                 let hist = match open.get_mut(&table) {
                     Some(h) => h,
                     None => {
@@ -235,41 +266,60 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
     }
     bar.finish_and_clear();
 
+    spool.flush()?;
+
     // The new latest generation of every table that changed, or that has
-    // no latest view yet.
-    for table in &plan.tables {
-        let has_latest = manifest
-            .tables
-            .get(table)
-            .is_some_and(|e| !e.latest.is_empty());
-        if !views.contains_key(table) && !has_latest {
-            views.insert(table.clone(), LatestView::empty(Arc::clone(&shapes[table])));
-        }
-    }
+    // no latest view yet, merged bucket by bucket.
     let staging = format!("{STAGING}/{:08}", plan.generation);
     let mut moves = Vec::new();
-    for (table, view) in &views {
-        if view.shape.key.is_empty() {
-            continue; // no key (REPLICA IDENTITY NOTHING): a history only
+    for table in &plan.tables {
+        let shape = &shapes[table];
+        let entry = manifest.tables.get(table).cloned().unwrap_or_default();
+        let spooled = spool.table(table);
+        if shape.key.is_empty() || (spooled.is_none() && !entry.latest.is_empty()) {
+            // No key (REPLICA IDENTITY NOTHING): a history only. Or no change.
+            continue;
         }
-        let (files, bytes) = view
-            .write(
-                &store,
-                prefix,
-                &staging,
-                plan.generation,
-                &props,
-                config.compact.file_bytes,
-            )
-            .await?;
+        let buckets = bucket_count(&entry, spooled, config.compact.merge_bytes);
+        let input = MergeInput {
+            ctx: &ctx,
+            shape,
+            previous: &entry.latest,
+            previous_buckets: entry.bucket_count(),
+            spool: &spool,
+            buckets,
+        };
+        let mut moved = HashMap::new();
+        let (mut files, mut rows) = (Vec::new(), 0u64);
+        for bucket in 0..buckets {
+            let view = merge_bucket(&input, bucket, None, &mut moved).await?;
+            // An empty table still gets one file, so readers find its columns.
+            let always = bucket + 1 == buckets && files.is_empty();
+            let (written, bytes) = view
+                .write_bucket(
+                    &store,
+                    prefix,
+                    &staging,
+                    plan.generation,
+                    bucket,
+                    &props,
+                    config.compact.file_bytes,
+                    always,
+                )
+                .await?;
+            rows += view.len() as u64;
+            summary.latest_bytes += bytes;
+            files.extend(written);
+        }
         let entry = manifest.tables.entry(table.clone()).or_default();
         summary.latest_files += files.len();
-        summary.latest_rows += view.len() as u64;
-        summary.latest_bytes += bytes;
+        summary.latest_rows += rows;
         entry.latest = files.iter().map(|m| m.to.clone()).collect();
-        entry.latest_rows = view.len() as u64;
+        entry.latest_rows = rows;
+        entry.buckets = buckets;
         moves.extend(files);
     }
+    drop(spool);
     for table in &plan.tables {
         let entry = manifest.tables.entry(table.clone()).or_default();
         entry.next_seq = plan.to_seq + 1;
@@ -278,10 +328,97 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
     manifest.generation = plan.generation;
     manifest.pending = None;
     manifest.publish = moves;
-    manifest.store(store.as_ref(), prefix).await?;
+    check_lock()?;
+    manifest.commit(store.as_ref(), prefix).await?;
     publish(store.as_ref(), prefix, &mut manifest).await?;
     summary.elapsed = started.elapsed();
     Ok(summary)
+}
+
+/// Objects read and parsed ahead of the writer: the NDJSON parse runs on
+/// one core while history, spool and Parquet encoding run on the other.
+const READ_AHEAD: usize = 4;
+
+/// Reads and types the plan's objects, in plan order, on a task of its own
+/// ([`READ_AHEAD`] objects ahead); stops when the receiver is dropped.
+fn read_ahead(
+    store: &Arc<dyn ObjectStore>,
+    plan: &Plan,
+    shapes: &HashMap<String, Arc<TableShape>>,
+) -> ReadAhead {
+    let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
+    let store = Arc::clone(store);
+    let shapes = shapes.clone();
+    let keys: Vec<String> = plan
+        .files
+        .iter()
+        .flat_map(|f| f.objects.iter().map(|o| o.key.clone()))
+        .collect();
+    let task = tokio::spawn(async move {
+        for key in keys {
+            let lines = async {
+                let body = listing::get(store.as_ref(), &ObjectPath::from(key.as_str())).await?;
+                let mut lines = Vec::new();
+                for (n, line) in body.split(|&b| b == b'\n').enumerate() {
+                    if line.is_empty() {
+                        continue;
+                    }
+                    lines.push(read::type_line(&shapes, line).map_err(|what| {
+                        Error::fatal(
+                            format!("{key} line {}: {what}", n + 1),
+                            "archive objects are written by `waltail run`; restore this one from a copy, or move it away and compact again",
+                        )
+                    })?);
+                }
+                Ok(lines)
+            }
+            .await;
+            let failed = lines.is_err();
+            if tx.send(lines).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    ReadAhead { rx, task }
+}
+
+/// The typed lines of each object, in plan order.
+struct ReadAhead {
+    rx: tokio::sync::mpsc::Receiver<Result<Vec<read::Line>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReadAhead {
+    async fn recv(&mut self) -> Option<Result<Vec<read::Line>>> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Most buckets a latest view is split into.
+const MAX_BUCKETS: u32 = 1 << 16;
+
+/// The buckets of a table's new latest view: enough that one holds about
+/// `merge_bytes` (estimated from the rows the view may have: the previous
+/// ones plus every upsert of the run, at the upserts' average size), a
+/// power of two, and never fewer than before.
+fn bucket_count(
+    entry: &manifest::TableEntry,
+    spooled: Option<&spool::TableSpool>,
+    merge_bytes: u64,
+) -> u32 {
+    let (upserts, upsert_bytes) = spooled.map_or((0, 0), |s| (s.upserts, s.upsert_bytes));
+    let per_row = upsert_bytes.checked_div(upserts).unwrap_or(256);
+    let estimate = (entry.latest_rows + upserts).saturating_mul(per_row);
+    let wanted = estimate
+        .div_ceil(merge_bytes.max(1))
+        .clamp(1, MAX_BUCKETS as u64) as u32;
+    wanted.next_power_of_two().max(entry.bucket_count())
 }
 
 /// Where a run writes its latest-view files before they are published.
@@ -351,7 +488,7 @@ async fn publish(
         }
     }
     manifest.publish.clear();
-    manifest.store(store, prefix).await
+    manifest.commit(store, prefix).await
 }
 
 /// The first seq `table` still needs (0 when it was never compacted). While

@@ -4,10 +4,16 @@
 //! the contract distinguishes an absent column (unchanged TOAST, to carry
 //! forward) from a null one, which a columnar JSON reader folds together.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
 use serde::Deserialize;
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use super::typing::{Cell, TableShape, parse_cell};
+use super::typing::{Cell, Kind, TableShape, parse_cell};
 
 /// One envelope line as written by `waltail run`.
 #[derive(Debug, Deserialize)]
@@ -117,6 +123,331 @@ pub fn type_change(shape: &TableShape, env: Envelope) -> Result<TypedChange, Str
     })
 }
 
+/// One archive line typed in a single pass by [`type_line`].
+pub struct Line {
+    pub seq: u64,
+    /// The table's shape and the typed change; `None` for a table not in
+    /// the shapes given.
+    pub change: Option<(Arc<TableShape>, TypedChange)>,
+}
+
+/// Parses and types one envelope line without building a JSON map of its
+/// row: `data`'s values are parsed straight into cells (key and json
+/// columns through a `Value`, so their text is exactly what
+/// [`type_change`] gives). Lines whose fields come in another order than
+/// `waltail run` writes (`table` before `data`) take the [`Envelope`]
+/// path. The result equals `type_change(shape, envelope)`.
+pub fn type_line(shapes: &HashMap<String, Arc<TableShape>>, line: &[u8]) -> Result<Line, String> {
+    let mut de = serde_json::Deserializer::from_slice(line);
+    let fast = LineSeed { shapes }
+        .deserialize(&mut de)
+        .and_then(|p| de.end().map(|()| p))
+        .map_err(|e| e.to_string())?;
+    let Some(fast) = fast else {
+        // `data` came before `table`: the general path.
+        let env: Envelope = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+        let seq = env.seq;
+        let change = match shapes.get(&env.table) {
+            Some(shape) => Some((Arc::clone(shape), type_change(shape, env)?)),
+            None => None,
+        };
+        return Ok(Line { seq, change });
+    };
+    let missing = |f: &str| format!("missing field `{f}`");
+    let seq = fast.seq.ok_or_else(|| missing("seq"))?;
+    let op_name = fast.op.ok_or_else(|| missing("op"))?;
+    let lsn = fast.lsn.ok_or_else(|| missing("commit_lsn"))?;
+    let Some(shape) = fast.shape else {
+        if fast.table.is_none() {
+            return Err(missing("table"));
+        }
+        return Ok(Line { seq, change: None });
+    };
+    let op = change_op(&op_name)?;
+    let (mut cells, key) = match fast.data {
+        Some(row) => {
+            let row = row?;
+            (row.cells, Some(row.keys))
+        }
+        None => (vec![Cell::Absent; shape.columns.len()], None),
+    };
+    let unchanged = if key.is_some() && op_name == "update" {
+        unchanged_columns(&shape, &cells)
+    } else {
+        None
+    };
+    if op != ChangeOp::Upsert {
+        cells.fill(Cell::Null);
+    }
+    let data_key = key.as_ref().and_then(|k| key_json(&shape, k));
+    let key = match op {
+        ChangeOp::Upsert => data_key,
+        ChangeOp::Delete => fast
+            .old
+            .as_ref()
+            .and_then(|o| key_json(&shape, o))
+            .or(data_key),
+        ChangeOp::Truncate => None,
+    };
+    let old_key = fast.old.as_ref().and_then(|o| key_json(&shape, o));
+    let change = TypedChange {
+        op_name,
+        op,
+        seq,
+        lsn,
+        key,
+        old_key,
+        cells,
+        old: fast.old.map(|o| Value::Object(o).to_string()),
+        unchanged,
+    };
+    Ok(Line {
+        seq,
+        change: Some((shape, change)),
+    })
+}
+
+fn change_op(op: &str) -> Result<ChangeOp, String> {
+    Ok(match op {
+        "insert" | "update" | "read" => ChangeOp::Upsert,
+        "delete" => ChangeOp::Delete,
+        "truncate" => ChangeOp::Truncate,
+        other => return Err(format!("unknown op {other:?}")),
+    })
+}
+
+/// The columns an update left out, as a JSON array.
+fn unchanged_columns(shape: &TableShape, cells: &[Cell]) -> Option<String> {
+    let absent: Vec<Value> = shape
+        .columns
+        .iter()
+        .zip(cells)
+        .filter(|(_, c)| **c == Cell::Absent)
+        .map(|(col, _)| Value::from(col.name.as_str()))
+        .collect();
+    (!absent.is_empty()).then(|| Value::Array(absent).to_string())
+}
+
+/// What the single pass over a line found.
+struct FastLine {
+    op: Option<String>,
+    table: Option<String>,
+    shape: Option<Arc<TableShape>>,
+    /// The row of `data` (`Err`: a value that does not fit its column,
+    /// reported once the line is read).
+    data: Option<Result<Row, String>>,
+    old: Option<Map<String, Value>>,
+    seq: Option<u64>,
+    lsn: Option<String>,
+}
+
+/// `data` as cells, with the key columns' JSON values.
+struct Row {
+    cells: Vec<Cell>,
+    keys: Map<String, Value>,
+}
+
+struct LineSeed<'s> {
+    shapes: &'s HashMap<String, Arc<TableShape>>,
+}
+
+impl<'de> DeserializeSeed<'de> for LineSeed<'_> {
+    /// `None`: `data` came before `table`.
+    type Value = Option<FastLine>;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LineSeed<'_> {
+    type Value = Option<FastLine>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a change envelope")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut line = FastLine {
+            op: None,
+            table: None,
+            shape: None,
+            data: None,
+            old: None,
+            seq: None,
+            lsn: None,
+        };
+        let mut out_of_order = false;
+        while let Some(field) = map.next_key::<Cow<'de, str>>()? {
+            match &*field {
+                "op" => line.op = Some(map.next_value::<Cow<'de, str>>()?.into_owned()),
+                "table" => {
+                    let table = map.next_value::<Cow<'de, str>>()?;
+                    line.shape = self.shapes.get(&*table).cloned();
+                    line.table = Some(table.into_owned());
+                }
+                "data" => match (&line.table, &line.shape) {
+                    (None, _) => {
+                        out_of_order = true;
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                    (Some(_), None) => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                    (Some(_), Some(shape)) => {
+                        line.data = map.next_value_seed(RowSeed { shape })?;
+                    }
+                },
+                "old" => line.old = map.next_value()?,
+                "seq" => line.seq = Some(map.next_value()?),
+                "commit_lsn" => line.lsn = Some(map.next_value()?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok((!out_of_order).then_some(line))
+    }
+}
+
+struct RowSeed<'s> {
+    shape: &'s TableShape,
+}
+
+impl<'de> DeserializeSeed<'de> for RowSeed<'_> {
+    type Value = Option<Result<Row, String>>;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RowSeed<'_> {
+    type Value = Option<Result<Row, String>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a row object or null")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let shape = self.shape;
+        let mut cells = vec![Cell::Absent; shape.columns.len()];
+        let mut keys = Map::new();
+        let mut error = None;
+        while let Some(name) = map.next_key::<Cow<'de, str>>()? {
+            let Some(i) = shape.column(&name) else {
+                map.next_value::<IgnoredAny>()?;
+                error.get_or_insert_with(|| {
+                    format!("column {name:?} is in no schema record of {}", shape.table)
+                });
+                continue;
+            };
+            let kind = shape.columns[i].kind;
+            let is_key = shape.key.contains(&i);
+            let cell = if is_key || kind == Kind::Json {
+                let v: Value = map.next_value()?;
+                let cell = parse_cell(kind, &v);
+                if is_key {
+                    keys.insert(name.clone().into_owned(), v);
+                }
+                cell
+            } else {
+                map.next_value_seed(CellSeed { kind })?
+            };
+            match cell {
+                Ok(c) => cells[i] = c,
+                Err(e) => {
+                    error.get_or_insert_with(|| format!("column {name:?}: {e}"));
+                }
+            }
+        }
+        Ok(Some(match error {
+            Some(e) => Err(e),
+            None => Ok(Row { cells, keys }),
+        }))
+    }
+}
+
+/// One value of `data` parsed into a cell of `kind` as [`parse_cell`]
+/// would parse its `Value`, without building one for numbers and strings.
+struct CellSeed {
+    kind: Kind,
+}
+
+impl<'de> DeserializeSeed<'de> for CellSeed {
+    type Value = Result<Cell, String>;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for CellSeed {
+    type Value = Result<Cell, String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Ok(Cell::Null))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(parse_cell(self.kind, &Value::Bool(v)))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(match self.kind {
+            Kind::Int64 => Ok(Cell::Int(v)),
+            kind => parse_cell(kind, &Value::from(v)),
+        })
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(match self.kind {
+            Kind::Int64 if v <= i64::MAX as u64 => Ok(Cell::Int(v as i64)),
+            kind => parse_cell(kind, &Value::from(v)),
+        })
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(match self.kind {
+            Kind::Float64 => Ok(Cell::Float(v)),
+            kind => parse_cell(kind, &Value::from(v)),
+        })
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(match self.kind {
+            Kind::Text => Ok(Cell::Str(v.into())),
+            kind => parse_cell(kind, &Value::String(v.to_string())),
+        })
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        let v = Value::deserialize(de::value::MapAccessDeserializer::new(map))?;
+        Ok(parse_cell(self.kind, &v))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        let v = Value::deserialize(de::value::SeqAccessDeserializer::new(seq))?;
+        Ok(parse_cell(self.kind, &v))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::typing::{Column, Kind};
@@ -173,6 +504,75 @@ mod tests {
         assert_eq!(c.key.as_deref(), Some(r#"{"id":4}"#));
         assert_eq!(c.cells, [Cell::Null, Cell::Null]);
         assert_eq!(c.old.as_deref(), Some(r#"{"id":4}"#));
+    }
+
+    #[test]
+    fn a_line_typed_in_one_pass_equals_the_envelope_typed() {
+        let shape = TableShape {
+            table: "public.t".into(),
+            columns: [
+                ("id", Kind::Int64),
+                ("code", Kind::Text),
+                ("n", Kind::Int16),
+                ("f", Kind::Float64),
+                ("r", Kind::Float32),
+                (
+                    "d",
+                    Kind::Decimal {
+                        precision: 12,
+                        scale: 2,
+                    },
+                ),
+                ("day", Kind::Date),
+                ("at", Kind::TimestampTz),
+                ("doc", Kind::Json),
+                ("t", Kind::Text),
+                ("ok", Kind::Bool),
+            ]
+            .into_iter()
+            .map(|(name, kind)| Column {
+                name: name.into(),
+                kind,
+            })
+            .collect(),
+            key: vec![1, 0],
+        };
+        let shapes = HashMap::from([("public.t".to_string(), Arc::new(shape.clone()))]);
+        let lines = [
+            r#"{"op":"insert","table":"public.t","data":{"id":1,"code":"a\u00e9\"b","n":-3,"f":1.5,"r":2,"d":12.34,"day":"2024-02-29","at":"2024-01-01T00:00:00.5+00:00","doc":{"z":1,"a":[1,"x"]},"t":"caf\u00e9","ok":true},"old":null,"seq":1,"idempotency_key":"k","commit_lsn":"0/1"}"#,
+            r#"{"op":"update","table":"public.t","data":{"id":2,"code":"b","t":5,"f":"NaN","d":"7","doc":[1,2]},"old":{"id":1,"code":"a"},"seq":2,"idempotency_key":"k","commit_lsn":"0/2"}"#,
+            r#"{"op":"update","table":"public.t","data":{"id":2,"code":"b","t":{"x":[true]},"f":-1e300,"d":-0.5,"doc":null},"old":null,"seq":3,"idempotency_key":"k","commit_lsn":"0/3"}"#,
+            r#"{"op":"delete","table":"public.t","data":null,"old":{"code":"b","id":2,"t":null},"seq":4,"idempotency_key":"k","commit_lsn":"0/4"}"#,
+            r#"{"op":"truncate","table":"public.t","data":null,"old":null,"seq":5,"idempotency_key":"k","commit_lsn":"0/5"}"#,
+            r#"{"data":{"id":9,"code":"z"},"op":"read","table":"public.t","old":null,"seq":6,"idempotency_key":"k","commit_lsn":"0/6"}"#,
+            r#"{"op":"insert","table":"public.other","data":{"x":1},"old":null,"seq":7,"idempotency_key":"k","commit_lsn":"0/7"}"#,
+        ];
+        for line in lines {
+            let fast = type_line(&shapes, line.as_bytes()).unwrap();
+            let env: Envelope = serde_json::from_str(line).unwrap();
+            assert_eq!(fast.seq, env.seq);
+            let slow = shapes.get(&env.table).map(|s| type_change(s, env).unwrap());
+            assert_eq!(
+                format!("{:?}", fast.change.map(|(_, c)| c)),
+                format!("{slow:?}"),
+                "{line}"
+            );
+        }
+        for bad in [
+            r#"{"op":"insert","table":"public.t","data":{"id":1,"zz":2},"old":null,"seq":9,"idempotency_key":"k","commit_lsn":"0/1"}"#,
+            r#"{"op":"insert","table":"public.t","data":{"id":1,"n":70000},"old":null,"seq":9,"idempotency_key":"k","commit_lsn":"0/1"}"#,
+            r#"{"op":"insert","table":"public.t","data":{"id":1,"d":1.234},"old":null,"seq":9,"idempotency_key":"k","commit_lsn":"0/1"}"#,
+            r#"{"op":"nope","table":"public.t","data":{"id":1},"old":null,"seq":9,"idempotency_key":"k","commit_lsn":"0/1"}"#,
+            r#"{"op":"insert","table":"public.t","data":{"id":1}"#,
+        ] {
+            let fast = type_line(&shapes, bad.as_bytes()).err().expect(bad);
+            let slow = serde_json::from_str::<Envelope>(bad)
+                .map_err(|e| e.to_string())
+                .and_then(|env| type_change(&shape, env))
+                .unwrap_err();
+            let what = |e: &str| e.split(':').next().unwrap().to_string();
+            assert_eq!(what(&fast), what(&slow), "{bad}");
+        }
     }
 
     #[test]

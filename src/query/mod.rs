@@ -97,7 +97,12 @@ struct Query {
 impl Query {
     fn new(config: &Config, at: Option<At>, format: Format) -> Result<Query> {
         Ok(Query {
-            sink: Sink::new(&config.destination, config.delivery.request_timeout)?,
+            // Reads retried like compact's: a reset connection does not fail the query.
+            sink: Sink::with_retry(
+                &config.destination,
+                config.delivery.request_timeout,
+                crate::compact::store_retry(),
+            )?,
             pipeline: config.pipeline.clone(),
             at,
             format,

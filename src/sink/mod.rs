@@ -45,6 +45,23 @@ impl Sink {
     /// Builds the store for a destination. Nothing is sent yet.
     /// `timeout` bounds each request (`delivery.request_timeout_ms`).
     pub fn new(dest: &DestinationConfig, timeout: Duration) -> Result<Sink> {
+        Sink::with_retry(
+            dest,
+            timeout,
+            RetryConfig {
+                max_retries: 0,
+                ..RetryConfig::default()
+            },
+        )
+    }
+
+    /// [`Sink::new`] whose S3 client retries failed requests by `retry`
+    /// (`compact` and `query`, which have no retry policy of their own).
+    pub fn with_retry(
+        dest: &DestinationConfig,
+        timeout: Duration,
+        retry: RetryConfig,
+    ) -> Result<Sink> {
         let describe = dest.describe();
         match dest {
             DestinationConfig::File { path, prefix } => {
@@ -64,7 +81,7 @@ impl Sink {
                 })
             }
             DestinationConfig::S3(s3) => Ok(Sink {
-                store: Arc::new(s3_store(s3, timeout)?),
+                store: Arc::new(s3_store(s3, timeout, retry)?),
                 prefix: s3.prefix.clone(),
                 typed: true,
                 describe,
@@ -127,7 +144,11 @@ impl Sink {
     }
 }
 
-fn s3_store(s3: &S3Config, timeout: Duration) -> Result<object_store::aws::AmazonS3> {
+fn s3_store(
+    s3: &S3Config,
+    timeout: Duration,
+    retry: RetryConfig,
+) -> Result<object_store::aws::AmazonS3> {
     // from_env picks up AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN,
     // AWS_REGION / AWS_DEFAULT_REGION, AWS_ENDPOINT and the container/instance
     // credential chain when the file gives no keys.
@@ -158,10 +179,7 @@ fn s3_store(s3: &S3Config, timeout: Duration) -> Result<object_store::aws::Amazo
         )
         // with_client_options replaces the whole options object, allow_http included.
         .with_allow_http(allow_http)
-        .with_retry(RetryConfig {
-            max_retries: 0,
-            ..RetryConfig::default()
-        });
+        .with_retry(retry);
     b.build()
         .map_err(|source| Error::store("configure", format!("s3://{}", s3.bucket), source))
 }

@@ -183,6 +183,24 @@ impl Waltail {
         }
     }
 
+    /// A waltail for commands that need no database (`compact` of an
+    /// archive written by the test).
+    pub fn without_db(pipeline: &str, tables: &str) -> Waltail {
+        Waltail {
+            dir: tempfile::tempdir().unwrap(),
+            env: vec![
+                ("WALTAIL_PIPELINE".into(), pipeline.into()),
+                (
+                    "WALTAIL_SOURCE_URL".into(),
+                    "postgres://nobody@127.0.0.1:1/none".into(),
+                ),
+                ("WALTAIL_SOURCE_TABLES".into(), tables.into()),
+            ],
+            child: None,
+            runs: 0,
+        }
+    }
+
     pub fn set(&mut self, key: &str, value: &str) -> &mut Self {
         self.env.retain(|(k, _)| k != key);
         self.env.push((key.into(), value.into()));
