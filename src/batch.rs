@@ -423,7 +423,7 @@ mod tests {
                     .1 = true;
             }
             model.next_seq = frontier + 1;
-            model.intents.retain(|_, (last, _)| *last >= frontier + 1);
+            model.intents.retain(|_, (last, _)| *last > frontier);
         };
         let start =
             |model: &mut Model, waiting: &mut VecDeque<Batch>, in_flight: &mut Vec<Batch>| {

@@ -28,15 +28,16 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use futures::StreamExt;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::file::properties::WriterProperties;
 
 use super::history::{ParquetFile, table_dir};
 use super::manifest::Move;
 use super::read::{ChangeOp, TypedChange};
-use super::session::table_url;
+use super::session::{ARCHIVE_URL, table_url};
 use super::spool::{Spool, Step, bucket_of};
 use super::typing::{Cell, TableShape, build_array, read_cells};
 use crate::{Error, Result};
@@ -112,6 +113,22 @@ impl LatestView {
                 "the files the compaction manifest lists must be readable; if they were removed, delete the manifest with the parquet/ and latest/ folders and compact again",
             )
         };
+        // DataFusion lists a missing key as an empty folder: without this
+        // check a removed file would read as no rows, and the view written
+        // from it would silently lose them.
+        let url = ObjectStoreUrl::parse(ARCHIVE_URL).expect("a valid URL");
+        let store = ctx.runtime_env().object_store(&url).map_err(df_error)?;
+        for key in files {
+            if let Err(object_store::Error::NotFound { .. }) = store
+                .head(&object_store::path::Path::from(key.as_str()))
+                .await
+            {
+                return Err(Error::fatal(
+                    format!("{key} of the latest view of {table} is missing from the store"),
+                    "the files the compaction manifest lists must be readable; if they were removed, delete the manifest with the parquet/ and latest/ folders and compact again",
+                ));
+            }
+        }
         let df = ctx
             .read_parquet(urls, ParquetReadOptions::default())
             .await

@@ -101,12 +101,52 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
     if opts.dry_run {
         return run(config, opts, &sink, None, started).await;
     }
+    // A local folder has no conditional writes, so the lock object alone
+    // cannot keep two runs from both committing (a stale-lock takeover is
+    // delete + create there): an OS lock on a file in the folder does, for
+    // the whole run, and a dead process's is released by the kernel.
+    let _folder_lock = match &config.destination {
+        crate::config::DestinationConfig::File { path, prefix } => {
+            Some(folder_lock(path, prefix.as_deref())?)
+        }
+        crate::config::DestinationConfig::S3(_) => None,
+    };
     let lock = Lock::acquire(Arc::clone(sink.store()), sink.prefix(), opts.force_unlock).await?;
     let result = run(config, opts, &sink, Some(&lock), started).await;
     let released = lock.release().await;
     let summary = result?;
     released?;
     Ok(summary)
+}
+
+/// Holds an exclusive OS lock on `[prefix/]_waltail/compaction/run.lock` in
+/// the archive folder until dropped.
+fn folder_lock(root: &std::path::Path, prefix: Option<&str>) -> Result<std::fs::File> {
+    let dir = match prefix {
+        Some(p) => root.join(p),
+        None => root.to_path_buf(),
+    }
+    .join("_waltail/compaction");
+    let path = dir.join("run.lock");
+    let io = |e| Error::io(format!("cannot lock {}", path.display()), e);
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::fatal(
+            format!(
+                "another `waltail compact` is running on this folder (it holds {})",
+                path.display()
+            ),
+            "wait for it to finish; the lock goes with its process, so there is nothing to unlock",
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(io(e)),
+    }
 }
 
 /// How compact's requests are retried: reads and writes of a run that

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
-use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::compact::listing::{self, parse_key};
 use crate::compact::manifest::Manifest;
@@ -124,6 +124,43 @@ impl Archive {
             .get(table)
             .map(|e| e.latest.as_slice())
             .unwrap_or_default()
+    }
+
+    /// Fails when a `compact` committed during the query and the latest
+    /// files of this snapshot are gone: the statement may have listed a
+    /// deleted file as empty (see [`stable_manifest`]) and missed rows. One
+    /// HEAD of the manifest when nothing changed.
+    pub async fn verify_unchanged(&self) -> Result<()> {
+        let path = Manifest::path(self.prefix.as_deref());
+        let now = match self.store.head(&path).await {
+            Ok(meta) => meta.e_tag,
+            Err(object_store::Error::NotFound { .. }) => None,
+            Err(e) => {
+                return Err(Error::fatal(
+                    format!("cannot read the compaction manifest {path}: {e}"),
+                    "check the destination's credentials and network, then run the query again",
+                ));
+            }
+        };
+        let then = self.manifest.version.as_ref().and_then(|v| v.e_tag.clone());
+        if now == then {
+            return Ok(());
+        }
+        for entry in self.manifest.tables.values() {
+            for file in &entry.latest {
+                if let Err(object_store::Error::NotFound { .. }) =
+                    self.store.head(&ObjectPath::from(file.as_str())).await
+                {
+                    return Err(Error::fatal(
+                        format!(
+                            "`waltail compact` replaced the latest view while this query ran ({file} is gone), so the answer above may lack compacted rows"
+                        ),
+                        "run the query again",
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `[prefix/]key`.

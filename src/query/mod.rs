@@ -110,7 +110,7 @@ impl Query {
     }
 
     /// A session over a fresh snapshot of the archive.
-    async fn session(&self) -> Result<SessionContext> {
+    async fn session(&self) -> Result<(SessionContext, Arc<Archive>)> {
         let archive = Archive::load(
             Arc::clone(self.sink.store()),
             self.sink.prefix(),
@@ -124,12 +124,13 @@ impl Query {
                 t.to_rfc3339()
             );
         }
-        session(Arc::new(archive))
+        let archive = Arc::new(archive);
+        Ok((session(Arc::clone(&archive))?, archive))
     }
 
     /// Runs every statement of `sql`, printing each result.
     async fn run(&self, sql: &str) -> Result<()> {
-        let ctx = self.session().await?;
+        let (ctx, archive) = self.session().await?;
         let located = |e: DataFusionError| sql_error(sql, e);
         let statements = DFParserBuilder::new(sql)
             .with_dialect(&GenericDialect {})
@@ -157,7 +158,8 @@ impl Query {
                 return Ok(());
             }
         }
-        Ok(())
+        drop(out);
+        archive.verify_unchanged().await
     }
 
     /// The interactive prompt: statements end with `;`, `\q` or Ctrl-D quits.
