@@ -713,6 +713,19 @@ mod tests {
     use super::typing::{Column, Kind, RecordColumn, SchemaRecord};
     use super::*;
 
+    #[test]
+    fn one_run_at_a_time_holds_a_folder_and_lets_go_when_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = folder_lock(dir.path(), Some("p")).unwrap();
+        assert!(dir.path().join("p/_waltail/compaction/run.lock").exists());
+        let e = folder_lock(dir.path(), Some("p")).unwrap_err().to_string();
+        assert!(e.contains("another `waltail compact` is running"), "{e}");
+        // Another prefix is another archive.
+        drop(folder_lock(dir.path(), None).unwrap());
+        drop(first);
+        folder_lock(dir.path(), Some("p")).unwrap();
+    }
+
     fn record(version: u32, columns: &[(&str, u32, bool)]) -> SchemaRecord {
         SchemaRecord {
             table: "public.t".into(),
