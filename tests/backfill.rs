@@ -219,7 +219,12 @@ async fn backfill_resumes_after_kill9() {
     let pipeline = unique("bfkill").replace('_', "-");
     let prefix = format!("backfill/{pipeline}");
     let mut w = Waltail::new(&db, &pipeline, "public.a, public.b, public.c");
-    w.s3(&prefix).set("WALTAIL_DELIVERY_BATCH_SIZE", "500");
+    // Paced (300,000 rows take 15 s at least), so each kill lands in the
+    // middle of the backfill however fast the machine is: unpaced, an idle
+    // machine once finished it between two looks at the bucket.
+    w.s3(&prefix)
+        .set("WALTAIL_DELIVERY_BATCH_SIZE", "500")
+        .set("WALTAIL_DELIVERY_RATE_LIMIT", "20000");
 
     for round in 0..2 {
         w.spawn(&["backfill", "--yes", "--chunk-size", "3000"]);
