@@ -191,24 +191,7 @@ impl HistoryFile {
             return Ok(());
         }
         let rows = std::mem::take(&mut self.rows);
-        let mut columns: Vec<ArrayRef> = self
-            .shape
-            .columns
-            .iter()
-            .enumerate()
-            .map(|(i, c)| build_array(c.kind, rows.iter().map(|r| &r.cells[i])))
-            .collect();
-        let text = |f: &dyn Fn(&TypedChange) -> Option<&str>| -> ArrayRef {
-            Arc::new(rows.iter().map(f).collect::<StringArray>())
-        };
-        columns.push(text(&|r| Some(r.op_name.as_str())));
-        columns.push(Arc::new(
-            rows.iter().map(|r| r.seq as i64).collect::<Int64Array>(),
-        ));
-        columns.push(text(&|r| Some(r.lsn.as_str())));
-        columns.push(text(&|r| r.key.as_deref()));
-        columns.push(text(&|r| r.old.as_deref()));
-        columns.push(text(&|r| r.unchanged.as_deref()));
+        let columns = history_columns(&self.shape, &rows);
         let batch = RecordBatch::try_new(Arc::clone(&self.schema), columns).map_err(|e| {
             Error::fatal(
                 format!("cannot build a batch of {}: {e}", self.file.key),
@@ -228,4 +211,27 @@ impl HistoryFile {
         let bytes = self.file.finish().await?;
         Ok((key, rows, bytes))
     }
+}
+/// The history's columns (data, then `_op`, `_seq`, `_lsn`, `_key`, `_old`,
+/// `_unchanged`) of typed changes, as [`history_schema`] lays them out
+/// (compaction writes them; `query` reads its NDJSON tail into them).
+pub fn history_columns(shape: &TableShape, rows: &[TypedChange]) -> Vec<ArrayRef> {
+    let mut columns: Vec<ArrayRef> = shape
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| build_array(c.kind, rows.iter().map(|r| &r.cells[i])))
+        .collect();
+    let text = |f: &dyn Fn(&TypedChange) -> Option<&str>| -> ArrayRef {
+        Arc::new(rows.iter().map(f).collect::<StringArray>())
+    };
+    columns.push(text(&|r| Some(r.op_name.as_str())));
+    columns.push(Arc::new(
+        rows.iter().map(|r| r.seq as i64).collect::<Int64Array>(),
+    ));
+    columns.push(text(&|r| Some(r.lsn.as_str())));
+    columns.push(text(&|r| r.key.as_deref()));
+    columns.push(text(&|r| r.old.as_deref()));
+    columns.push(text(&|r| r.unchanged.as_deref()));
+    columns
 }

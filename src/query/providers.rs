@@ -567,9 +567,9 @@ fn history_changes(shape: &TableShape, batch: &RecordBatch) -> Result<Vec<TypedC
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::compact::history::history_columns;
     use crate::compact::read::{Envelope, type_change};
     use crate::compact::typing::{Column, Kind};
-    use crate::query::tail::history_columns;
 
     #[test]
     fn history_rows_read_back_as_the_changes_they_were() {

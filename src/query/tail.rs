@@ -31,10 +31,10 @@ use object_store::path::Path as ObjectPath;
 use serde_json::Value;
 
 use super::catalog::Object;
-use crate::compact::history::history_schema;
+use crate::compact::history::{history_columns, history_schema};
 use crate::compact::listing;
 use crate::compact::read::{Envelope, TypedChange, type_change};
-use crate::compact::typing::{TableShape, build_array};
+use crate::compact::typing::TableShape;
 use crate::{Error, Result};
 
 /// What a tail table holds.
@@ -500,29 +500,6 @@ pub fn typed_changes(
         out.push(type_change(shape, env).map_err(|e| bad_line(o, n, e))?);
     }
     Ok(out)
-}
-
-/// The history's columns (data, then `_op`, `_seq`, `_lsn`, `_key`, `_old`,
-/// `_unchanged`) of typed changes, as compaction writes them.
-pub fn history_columns(shape: &TableShape, rows: &[TypedChange]) -> Vec<ArrayRef> {
-    let mut columns: Vec<ArrayRef> = shape
-        .columns
-        .iter()
-        .enumerate()
-        .map(|(i, c)| build_array(c.kind, rows.iter().map(|r| &r.cells[i])))
-        .collect();
-    let text = |f: &dyn Fn(&TypedChange) -> Option<&str>| -> ArrayRef {
-        Arc::new(rows.iter().map(f).collect::<StringArray>())
-    };
-    columns.push(text(&|r| Some(r.op_name.as_str())));
-    columns.push(Arc::new(
-        rows.iter().map(|r| r.seq as i64).collect::<Int64Array>(),
-    ));
-    columns.push(text(&|r| Some(r.lsn.as_str())));
-    columns.push(text(&|r| r.key.as_deref()));
-    columns.push(text(&|r| r.old.as_deref()));
-    columns.push(text(&|r| r.unchanged.as_deref()));
-    columns
 }
 
 #[cfg(test)]
