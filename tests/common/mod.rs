@@ -728,3 +728,68 @@ pub fn s3_addr() -> std::net::SocketAddr {
         .next()
         .unwrap()
 }
+
+/// The python of the venv DuckDB is installed in.
+pub fn duckdb_python() -> String {
+    let python = std::env::var("WT_TEST_DUCKDB_PYTHON").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/waltail-duckdb-venv/bin/python",
+            std::env::var("HOME").unwrap()
+        )
+    });
+    assert!(
+        Path::new(&python).exists(),
+        "no DuckDB python at {python}: run scripts/duckdb.sh (scripts/services.sh up does)"
+    );
+    python
+}
+
+/// Runs one DuckDB query; its rows as JSON arrays (decimals as strings).
+pub fn duck(sql: &str) -> Vec<Vec<Value>> {
+    let out = Command::new(duckdb_python())
+        .args([
+            "-c",
+            "import duckdb, json, sys\n\
+             rows = duckdb.sql(sys.argv[1]).fetchall()\n\
+             print(json.dumps([list(r) for r in rows], default=str))",
+            sql,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "duckdb failed on {sql}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap().clone())
+        .collect()
+}
+
+/// Copies every object under `prefix` into `dir` (keys relative to the
+/// prefix), so DuckDB reads the Parquet files exactly as written.
+pub async fn download(prefix: &str, dir: &Path) {
+    let store = admin_store();
+    let metas: Vec<_> = store
+        .list(Some(&ObjectPath::from(prefix)))
+        .try_collect()
+        .await
+        .unwrap();
+    for meta in metas {
+        let key = meta.location.to_string();
+        let relative = key.strip_prefix(&format!("{prefix}/")).unwrap();
+        let target = dir.join(relative);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let body = store
+            .get(&meta.location)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        std::fs::write(target, body).unwrap();
+    }
+}
