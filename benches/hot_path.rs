@@ -166,7 +166,7 @@ fn xlog(data: Bytes) -> ReplicationMessage {
 /// Runs one transaction through a fresh decoder and returns its changes.
 fn decoded_changes() -> Vec<Change> {
     let mut decoder =
-        Decoder::new(0, &std::env::temp_dir().join("waltail-bench-spill.sqlite")).expect("decoder");
+        Decoder::new(0, &std::env::temp_dir().join("waltail-bench-spill")).expect("decoder");
     let mut events = Vec::new();
     decoder
         .handle(xlog(relation_msg()), &mut events)
@@ -279,7 +279,7 @@ fn bench_source_decoder(c: &mut Criterion) {
     let commit = commit_msg();
     let inserts: Vec<Bytes> = (0..CHANGES_PER_TXN).map(insert_msg).collect();
     let mut decoder =
-        Decoder::new(0, &std::env::temp_dir().join("waltail-bench-spill.sqlite")).expect("decoder");
+        Decoder::new(0, &std::env::temp_dir().join("waltail-bench-spill")).expect("decoder");
     let mut events = Vec::with_capacity(CHANGES_PER_TXN + 2);
     decoder
         .handle(xlog(relation_msg()), &mut events)

@@ -233,11 +233,16 @@ async fn session(
     } else {
         vec![("proto_version", "1"), ("publication_names", &publications)]
     };
-    let decoder = Decoder::new(
-        cursor.confirmed_lsn,
-        &config
+    // Earlier builds spilled into a SQLite file; it holds nothing a
+    // session needs (the server streams open transactions again).
+    let _ = std::fs::remove_file(
+        config
             .state_dir
             .join(format!("{}.spill.sqlite", config.pipeline)),
+    );
+    let decoder = Decoder::new(
+        cursor.confirmed_lsn,
+        &config.state_dir.join(format!("{}.spill", config.pipeline)),
     )?;
     let (stream, feedback) = conn
         .start_replication(&config.source.slot, cursor.confirmed_lsn, &options)

@@ -5,15 +5,23 @@
 //! progress; they may be archived only once it commits, and must be dropped
 //! if it (or one of its subtransactions) aborts. Up to [`MEMORY_BUDGET`]
 //! bytes of rendered changes are kept in memory across all open
-//! transactions; past that, a transaction's changes go to a scratch SQLite
-//! file in the state folder, which is emptied at every session start (the
-//! server streams in-progress transactions again after a reconnect).
+//! transactions; past that, a transaction's changes are appended to its own
+//! scratch file in a folder of the state folder, emptied at every session
+//! start (the server streams in-progress transactions again after a
+//! reconnect).
+//!
+//! The file is append-only and read once, front to back, at commit: a
+//! spilled change costs a buffered write and a buffered read, nothing per
+//! change in a database (a SQLite table did this before and was over a
+//! third of the CPU of archiving a 1,000,000-row transaction). A
+//! subtransaction's abort is remembered and its changes are skipped when
+//! the file is read.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-use rusqlite::{Connection, params};
 
 use crate::envelope::{Change, Op, RowSet, TableRef};
 use crate::{Error, Result};
@@ -21,7 +29,10 @@ use crate::{Error, Result};
 /// Rendered bytes of in-progress changes kept in memory before spilling.
 pub const MEMORY_BUDGET: usize = 16 * 1024 * 1024;
 
-fn op_code(op: Op) -> i64 {
+/// Buffer size of a spill file's writer and reader.
+const IO_BUFFER: usize = 256 * 1024;
+
+fn op_code(op: Op) -> u8 {
     match op {
         Op::Insert => 0,
         Op::Update => 1,
@@ -31,7 +42,7 @@ fn op_code(op: Op) -> i64 {
     }
 }
 
-fn op_from(code: i64) -> Op {
+fn op_from(code: u8) -> Op {
     match code {
         1 => Op::Update,
         2 => Op::Delete,
@@ -45,41 +56,60 @@ fn size(c: &Change) -> usize {
     64 + c.data.as_ref().map_or(0, Vec::len) + c.old.as_ref().map_or(0, Vec::len)
 }
 
+/// One spilled transaction: its file, open for appending, and the
+/// subtransactions that aborted after some of their changes were written.
+struct SpillFile {
+    path: PathBuf,
+    out: BufWriter<File>,
+    aborted: HashSet<u32>,
+}
+
 /// The open streamed transactions' changes (top-level xid -> changes with
 /// their subtransaction id, in stream order).
 pub struct StreamBuffers {
     memory: HashMap<u32, Vec<(u32, Change)>>,
     memory_bytes: usize,
     budget: usize,
-    spilled: HashSet<u32>,
-    spill: Option<Connection>,
+    spilled: HashMap<u32, SpillFile>,
+    dir: PathBuf,
+    /// Tables of spilled changes: a record names its table by index here.
+    tables: Vec<Arc<TableRef>>,
+    table_ids: HashMap<String, u32>,
+    /// Spilled transactions taken for reading and not read to the end.
+    reading: usize,
+}
+
+/// A spilled transaction being read back at its commit.
+struct SpillReader {
     path: PathBuf,
-    tables: HashMap<String, Arc<TableRef>>,
+    input: BufReader<File>,
+    aborted: HashSet<u32>,
 }
 
 /// A committed transaction's changes, read out in order, a chunk at a time.
 pub struct Drain {
     memory: VecDeque<Change>,
-    spilled_xid: Option<u32>,
-    last_n: i64,
+    spilled: Option<SpillReader>,
 }
 
 impl StreamBuffers {
-    /// Buffers spilling to `path` (removed now and created on first spill).
-    pub fn new(path: &Path, budget: usize) -> Result<Self> {
-        match std::fs::remove_file(path) {
+    /// Buffers spilling to files in the folder `dir` (removed now, with
+    /// whatever an earlier session left in it, and created on first spill).
+    pub fn new(dir: &Path, budget: usize) -> Result<Self> {
+        match std::fs::remove_dir_all(dir) {
             Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io(format!("cannot remove {}", path.display()), e)),
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("cannot remove {}", dir.display()), e)),
         }
         Ok(StreamBuffers {
             memory: HashMap::new(),
             memory_bytes: 0,
             budget,
-            spilled: HashSet::new(),
-            spill: None,
-            path: path.to_path_buf(),
-            tables: HashMap::new(),
+            spilled: HashMap::new(),
+            dir: dir.to_path_buf(),
+            tables: Vec::new(),
+            table_ids: HashMap::new(),
+            reading: 0,
         })
     }
 
@@ -88,85 +118,79 @@ impl StreamBuffers {
         self.memory.is_empty() && self.spilled.is_empty()
     }
 
-    fn err(&self) -> impl Fn(rusqlite::Error) -> Error + use<> {
-        let path = self.path.display().to_string();
-        move |source| Error::State {
-            path: path.clone(),
-            source,
+    fn table_id(&mut self, table: &Arc<TableRef>) -> u32 {
+        if let Some(&id) = self.table_ids.get(&table.name) {
+            return id;
         }
+        let id = self.tables.len() as u32;
+        self.tables.push(table.clone());
+        self.table_ids.insert(table.name.clone(), id);
+        id
     }
 
-    fn spill_db(&mut self) -> Result<&Connection> {
-        if self.spill.is_none() {
-            let err = |source| Error::State {
-                path: self.path.display().to_string(),
-                source,
-            };
-            let conn = Connection::open(&self.path).map_err(err)?;
-            // Scratch data, rebuilt from the server after any crash: no journal,
-            // no syncs, and one transaction that is never committed (this
-            // connection reads its own writes), so a spilled change costs an
-            // insert into the page cache, not a write to the file.
-            conn.execute_batch(
-                "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;
-                 CREATE TABLE spill (n INTEGER PRIMARY KEY AUTOINCREMENT, xid INTEGER NOT NULL,
-                   subxid INTEGER NOT NULL, op INTEGER NOT NULL, tbl TEXT NOT NULL, data BLOB,
-                   old BLOB, row1 INTEGER, row2 INTEGER);
-                 CREATE INDEX spill_xid ON spill (xid, n);
-                 BEGIN;",
-            )
-            .map_err(err)?;
-            self.spill = Some(conn);
-        }
-        Ok(self.spill.as_ref().expect("opened above"))
-    }
-
-    fn write_spill(&mut self, xid: u32, subxid: u32, c: &Change) -> Result<()> {
-        let rows = c.rows.as_slice();
-        let (r1, r2) = (
-            rows.first().map(|&r| r as i64),
-            rows.get(1).map(|&r| r as i64),
-        );
-        let err = self.err();
-        let db = self.spill_db()?;
-        db.prepare_cached(
-            "INSERT INTO spill (xid, subxid, op, tbl, data, old, row1, row2)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )
-        .and_then(|mut st| {
-            st.execute(params![
-                xid,
-                subxid,
-                op_code(c.op),
-                c.table.name,
-                c.data,
-                c.old,
-                r1,
-                r2
-            ])
+    fn open_spill(&mut self, xid: u32) -> Result<SpillFile> {
+        let io =
+            |what: &str, path: &Path, e| Error::io(format!("cannot {what} {}", path.display()), e);
+        std::fs::create_dir_all(&self.dir).map_err(|e| io("create", &self.dir, e))?;
+        let path = self.dir.join(format!("{xid}.spill"));
+        let file = File::create(&path).map_err(|e| io("create", &path, e))?;
+        Ok(SpillFile {
+            path,
+            out: BufWriter::with_capacity(IO_BUFFER, file),
+            aborted: HashSet::new(),
         })
-        .map(|_| ())
-        .map_err(err)
+    }
+
+    /// Appends one change to `file`: subxid u32, op u8, table u32, row
+    /// count u8 and the rows (u64 each), then data and old as a u32 length
+    /// plus one (0 for none) and their bytes; little-endian.
+    fn write_record(file: &mut SpillFile, table: u32, subxid: u32, c: &Change) -> Result<()> {
+        let rows = c.rows.as_slice();
+        let mut head = [0u8; 4 + 1 + 4 + 1 + 16];
+        head[0..4].copy_from_slice(&subxid.to_le_bytes());
+        head[4] = op_code(c.op);
+        head[5..9].copy_from_slice(&table.to_le_bytes());
+        head[9] = rows.len() as u8;
+        for (i, r) in rows.iter().enumerate() {
+            head[10 + 8 * i..18 + 8 * i].copy_from_slice(&r.to_le_bytes());
+        }
+        let out = &mut file.out;
+        let mut write = || -> std::io::Result<()> {
+            out.write_all(&head[..10 + 8 * rows.len()])?;
+            for part in [&c.data, &c.old] {
+                match part {
+                    None => out.write_all(&0u32.to_le_bytes())?,
+                    Some(bytes) => {
+                        out.write_all(&(bytes.len() as u32 + 1).to_le_bytes())?;
+                        out.write_all(bytes)?;
+                    }
+                }
+            }
+            Ok(())
+        };
+        write().map_err(|e| Error::io(format!("cannot write {}", file.path.display()), e))
     }
 
     /// Adds a change of subtransaction `subxid` to transaction `xid`.
     pub fn push(&mut self, xid: u32, subxid: u32, change: Change) -> Result<()> {
-        self.tables
-            .entry(change.table.name.clone())
-            .or_insert_with(|| change.table.clone());
-        if self.spilled.contains(&xid) {
-            return self.write_spill(xid, subxid, &change);
+        if self.spilled.contains_key(&xid) {
+            let table = self.table_id(&change.table);
+            let file = self.spilled.get_mut(&xid).expect("checked above");
+            return Self::write_record(file, table, subxid, &change);
         }
         let n = size(&change);
         if self.memory_bytes + n > self.budget {
             // Move this transaction's buffered changes out, then go on on disk.
             let held = self.memory.remove(&xid).unwrap_or_default();
-            for (sub, c) in &held {
-                self.memory_bytes -= size(c);
-                self.write_spill(xid, *sub, c)?;
+            let mut file = self.open_spill(xid)?;
+            for (sub, c) in held.iter().chain(std::iter::once(&(subxid, change))) {
+                let table = self.table_id(&c.table);
+                Self::write_record(&mut file, table, *sub, c)?;
             }
-            self.write_spill(xid, subxid, &change)?;
-            self.spilled.insert(xid);
+            for (_, c) in &held {
+                self.memory_bytes -= size(c);
+            }
+            self.spilled.insert(xid, file);
             tracing::debug!(
                 xid,
                 changes = held.len() + 1,
@@ -192,27 +216,28 @@ impl StreamBuffers {
                 self.memory.remove(&xid);
             }
         }
-        if self.spilled.contains(&xid) {
-            let err = self.err();
-            let db = self.spill_db()?;
-            let result = if whole {
-                db.execute("DELETE FROM spill WHERE xid = ?1", [xid])
-            } else {
-                db.execute(
-                    "DELETE FROM spill WHERE xid = ?1 AND subxid = ?2",
-                    [xid, subxid],
-                )
-            };
-            result.map_err(err)?;
-            if whole {
-                self.spilled.remove(&xid);
+        if whole {
+            if let Some(file) = self.spilled.remove(&xid) {
+                remove(&file.path)?;
             }
+        } else if let Some(file) = self.spilled.get_mut(&xid) {
+            file.aborted.insert(subxid);
         }
+        self.forget_tables();
         Ok(())
     }
 
+    /// Table indexes are needed while a spilled transaction is open or
+    /// being read.
+    fn forget_tables(&mut self) {
+        if self.spilled.is_empty() && self.reading == 0 {
+            self.tables.clear();
+            self.table_ids.clear();
+        }
+    }
+
     /// Takes a committed transaction's changes for reading in order.
-    pub fn take(&mut self, xid: u32) -> Drain {
+    pub fn take(&mut self, xid: u32) -> Result<Drain> {
         let memory: VecDeque<Change> = self
             .memory
             .remove(&xid)
@@ -223,69 +248,53 @@ impl StreamBuffers {
                 c
             })
             .collect();
-        let spilled_xid = self.spilled.remove(&xid).then_some(xid);
-        Drain {
-            memory,
-            spilled_xid,
-            last_n: 0,
-        }
+        let spilled = match self.spilled.remove(&xid) {
+            None => None,
+            Some(SpillFile {
+                path,
+                mut out,
+                aborted,
+            }) => {
+                let io = |what: &str, e| Error::io(format!("cannot {what} {}", path.display()), e);
+                out.flush().map_err(|e| io("write", e))?;
+                drop(out);
+                let file = File::open(&path).map_err(|e| io("read", e))?;
+                self.reading += 1;
+                Some(SpillReader {
+                    input: BufReader::with_capacity(IO_BUFFER, file),
+                    path,
+                    aborted,
+                })
+            }
+        };
+        Ok(Drain { memory, spilled })
     }
 
     /// The next up to `max` changes of `drain`; empty when it is done.
     pub fn next_chunk(&mut self, drain: &mut Drain, max: usize) -> Result<Vec<Change>> {
-        if let Some(xid) = drain.spilled_xid {
-            let tables = &self.tables;
-            let last_n = drain.last_n;
-            let err = self.err();
-            let db = self
-                .spill
-                .as_ref()
-                .expect("a spilled transaction has a spill file");
-            let mut st = db
-                .prepare_cached(
-                    "SELECT n, op, tbl, data, old, row1, row2 FROM spill
-                     WHERE xid = ?1 AND n > ?2 ORDER BY n LIMIT ?3",
-                )
-                .map_err(&err)?;
-            let rows = st
-                .query_map(params![xid, last_n, max as i64], |r| {
-                    let name: String = r.get(2)?;
-                    let mut rows = RowSet::default();
-                    if let Some(h) = r.get::<_, Option<i64>>(5)? {
-                        rows.push(h as u64);
-                    }
-                    if let Some(h) = r.get::<_, Option<i64>>(6)? {
-                        rows.push(h as u64);
-                    }
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        Change {
-                            op: op_from(r.get(1)?),
-                            table: tables
-                                .get(&name)
-                                .cloned()
-                                .unwrap_or_else(|| Arc::new(table_ref(&name))),
-                            data: r.get(3)?,
-                            old: r.get(4)?,
-                            commit_lsn: 0,
-                            commit_ts: 0,
-                            index: 0,
-                            rows,
-                        },
-                    ))
-                })
-                .map_err(&err)?;
+        if let Some(reader) = drain.spilled.as_mut() {
             let mut out = Vec::with_capacity(max);
-            for row in rows {
-                let (n, c) = row.map_err(&err)?;
-                drain.last_n = n;
-                out.push(c);
-            }
-            drop(st);
-            if out.len() < max {
-                drain.spilled_xid = None;
-                db.execute("DELETE FROM spill WHERE xid = ?1", [xid])
-                    .map_err(&err)?;
+            while out.len() < max {
+                match read_record(&mut reader.input, &self.tables) {
+                    Ok(Some((subxid, change))) => {
+                        if !reader.aborted.contains(&subxid) {
+                            out.push(change);
+                        }
+                    }
+                    Ok(None) => {
+                        remove(&reader.path)?;
+                        drain.spilled = None;
+                        self.reading -= 1;
+                        self.forget_tables();
+                        break;
+                    }
+                    Err(e) => {
+                        return Err(Error::io(
+                            format!("cannot read {}", reader.path.display()),
+                            e,
+                        ));
+                    }
+                }
             }
             if !out.is_empty() {
                 return Ok(out);
@@ -296,9 +305,70 @@ impl StreamBuffers {
     }
 }
 
-fn table_ref(name: &str) -> TableRef {
-    let (schema, table) = name.split_once('.').unwrap_or(("public", name));
-    TableRef::new(schema, table)
+fn remove(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(format!("cannot remove {}", path.display()), e)),
+    }
+}
+
+/// Reads the record [`StreamBuffers::write_record`] wrote; `None` at the end
+/// of the file.
+fn read_record(
+    input: &mut BufReader<File>,
+    tables: &[Arc<TableRef>],
+) -> std::io::Result<Option<(u32, Change)>> {
+    use std::io::BufRead as _;
+    if input.fill_buf()?.is_empty() {
+        return Ok(None);
+    }
+    let mut head = [0u8; 10];
+    input.read_exact(&mut head)?;
+    let u32_at = |b: &[u8], i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+    let subxid = u32_at(&head, 0);
+    let table = tables
+        .get(u32_at(&head, 5) as usize)
+        .cloned()
+        .ok_or_else(|| {
+            std::io::Error::new(
+                ErrorKind::InvalidData,
+                "a spilled change names an unknown table",
+            )
+        })?;
+    let mut rows = RowSet::default();
+    for _ in 0..head[9].min(2) {
+        let mut r = [0u8; 8];
+        input.read_exact(&mut r)?;
+        rows.push(u64::from_le_bytes(r));
+    }
+    let mut part = || -> std::io::Result<Option<Vec<u8>>> {
+        let mut len = [0u8; 4];
+        input.read_exact(&mut len)?;
+        match u32::from_le_bytes(len) {
+            0 => Ok(None),
+            n => {
+                let mut bytes = vec![0u8; n as usize - 1];
+                input.read_exact(&mut bytes)?;
+                Ok(Some(bytes))
+            }
+        }
+    };
+    let data = part()?;
+    let old = part()?;
+    Ok(Some((
+        subxid,
+        Change {
+            op: op_from(head[4]),
+            table,
+            data,
+            old,
+            commit_lsn: 0,
+            commit_ts: 0,
+            index: 0,
+            rows,
+        },
+    )))
 }
 
 #[cfg(test)]
@@ -319,7 +389,7 @@ mod tests {
     }
 
     fn drain_all(b: &mut StreamBuffers, xid: u32) -> Vec<String> {
-        let mut d = b.take(xid);
+        let mut d = b.take(xid).unwrap();
         let mut out = Vec::new();
         loop {
             let chunk = b.next_chunk(&mut d, 3).unwrap();
@@ -338,7 +408,7 @@ mod tests {
     fn aborted_subtransactions_are_dropped_in_memory_and_on_disk() {
         let dir = tempfile::tempdir().unwrap();
         for budget in [usize::MAX, 200] {
-            let mut b = StreamBuffers::new(&dir.path().join("spill.sqlite"), budget).unwrap();
+            let mut b = StreamBuffers::new(&dir.path().join("spill"), budget).unwrap();
             for i in 0..10 {
                 // Subtransaction 8 holds the odd rows; it aborts.
                 b.push(7, if i % 2 == 1 { 8 } else { 7 }, change(i))
@@ -359,9 +429,81 @@ mod tests {
     }
 
     #[test]
+    fn a_spilled_change_reads_back_with_every_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = StreamBuffers::new(&dir.path().join("spill"), 0).unwrap();
+        let mut rows = RowSet::one(u64::MAX);
+        rows.push(3);
+        let changes = vec![
+            Change {
+                op: Op::Update,
+                table: Arc::new(TableRef::new("s", "a")),
+                data: Some(b"{\"k\":2}".to_vec()),
+                old: Some(b"{\"k\":1}".to_vec()),
+                commit_lsn: 0,
+                commit_ts: 0,
+                index: 0,
+                rows,
+            },
+            Change {
+                op: Op::Delete,
+                table: Arc::new(TableRef::new("s", "b")),
+                data: None,
+                old: Some(Vec::new()),
+                commit_lsn: 0,
+                commit_ts: 0,
+                index: 0,
+                rows: RowSet::default(),
+            },
+            Change {
+                op: Op::Truncate,
+                table: Arc::new(TableRef::new("s", "a")),
+                data: None,
+                old: None,
+                commit_lsn: 0,
+                commit_ts: 0,
+                index: 0,
+                rows: RowSet::one(0),
+            },
+        ];
+        for c in &changes {
+            b.push(5, 5, c.clone()).unwrap();
+        }
+        // Another spilled transaction aborts while this one is read: the
+        // table names the reader needs stay known.
+        b.push(6, 6, changes[0].clone()).unwrap();
+        let mut d = b.take(5).unwrap();
+        let first = b.next_chunk(&mut d, 1).unwrap();
+        b.abort(6, 6).unwrap();
+        let mut got = first;
+        got.extend(b.next_chunk(&mut d, 10).unwrap());
+        assert!(b.next_chunk(&mut d, 10).unwrap().is_empty());
+        let show = |c: &Change| {
+            (
+                c.op,
+                c.table.name.clone(),
+                c.table.json.clone(),
+                c.data.clone(),
+                c.old.clone(),
+                c.rows,
+            )
+        };
+        assert_eq!(
+            got.iter().map(show).collect::<Vec<_>>(),
+            changes.iter().map(show).collect::<Vec<_>>()
+        );
+        assert!(b.is_empty());
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("spill")).unwrap().count(),
+            0,
+            "read and aborted spill files are removed"
+        );
+    }
+
+    #[test]
     fn order_is_kept_across_the_spill() {
         let dir = tempfile::tempdir().unwrap();
-        let mut b = StreamBuffers::new(&dir.path().join("spill.sqlite"), 500).unwrap();
+        let mut b = StreamBuffers::new(&dir.path().join("spill"), 500).unwrap();
         for i in 0..50 {
             b.push(1, 1, change(i)).unwrap();
         }

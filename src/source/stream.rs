@@ -106,7 +106,7 @@ pub struct Decoder {
 }
 
 impl Decoder {
-    /// `spill` is the scratch file for streamed transactions too large to
+    /// `spill` is the scratch folder for streamed transactions too large to
     /// keep in memory.
     pub fn new(skip_before: u64, spill: &std::path::Path) -> Result<Self> {
         Ok(Decoder {
@@ -273,7 +273,7 @@ impl Decoder {
                 } else {
                     out.push(SourceEvent::Begin);
                     self.emitting = Some(Emitting {
-                        drain: self.streams.take(xid),
+                        drain: self.streams.take(xid)?,
                         commit_lsn,
                         commit_ts,
                         end_lsn,
