@@ -16,6 +16,7 @@
 #        SCALE=0.05 scripts/bench-compact.sh          (quick check)
 #        BENCH_BIN=path/to/waltail scripts/bench-compact.sh   (that binary, no build)
 #        BENCH_BIN="old/waltail new/waltail" scripts/bench-compact.sh   (each, on the same archive)
+#        LINES=100 KEEP=1 SCALE=0.05 scripts/bench-compact.sh   (objects of 100 lines only; archives kept)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCALE=${SCALE:-1}
@@ -23,7 +24,8 @@ scaled() { awk -v n="$1" -v s="$SCALE" 'BEGIN { v = int(n * s); print (v < 1 ? 1
 CHANGES=$(scaled 5000000)
 KEYS=$(scaled 1000000)
 work=$(mktemp -d "${TMPDIR:-/tmp}/waltail-bench-compact.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+# KEEP=1 keeps the work folder (printed) for a closer look.
+if [ "${KEEP:-}" = 1 ]; then trap 'echo "kept $work" >&2' EXIT; else trap 'rm -rf "$work"' EXIT; fi
 python=$(scripts/duckdb.sh)
 if [ -n "${BENCH_BIN:-}" ]; then
   bins=$BENCH_BIN
@@ -98,7 +100,7 @@ measure() {
   cat "$work/time"
 }
 printf '%-22s %10s %12s %12s %10s\n' "archive" "engine" "seconds" "changes/s" "peak RSS"
-for lines in 100 10000; do
+for lines in ${LINES:-100 10000}; do
   generate "$lines"
   root=$work/archive-$lines
   size=$(du -sh "$root" | cut -f1)
@@ -121,5 +123,5 @@ duckdb.sql(\"COPY (SELECT * FROM read_ndjson_auto('$root/2026/*/*/*.ndjson')) TO
     awk -v n="$CHANGES" -v s="$wt_s" -v k="$wt_kb" 'BEGIN { printf "%-22s %10s %12.2f %12.0f %8.0f MB\n", "", "waltail", s, n / (s > 0 ? s : 0.01), k / 1024 }'
     awk -v a="$wt_s" -v b="$dk_s" -v bin="$bin" -v f="$latest" 'BEGIN { printf "%-22s %10s %12s waltail takes %.2fx DuckDB'"'"'s time (%s; %d latest files)\n", "", "ratio", "", (b > 0 ? a / b : 0), bin, f }'
   done
-  rm -rf "$root" "$work/duck-$lines.parquet"
+  [ "${KEEP:-}" = 1 ] || rm -rf "$root" "$work/duck-$lines.parquet"
 done

@@ -31,7 +31,8 @@ CHANGES=$(scaled 5000000)
 KEYS=$(scaled 1000000)
 TAIL=$(scaled 100000)
 work=$(mktemp -d "${TMPDIR:-/tmp}/waltail-bench-query.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+# KEEP=1 keeps the archive (its folder is printed) for a closer look.
+if [ "${KEEP:-}" = 1 ]; then trap 'echo "kept $work" >&2' EXIT; else trap 'rm -rf "$work"' EXIT; fi
 python=$(scripts/duckdb.sh)
 if [ -n "${BENCH_BIN:-}" ]; then
   bin=$BENCH_BIN

@@ -194,24 +194,25 @@ async fn ndjson_objects(prefix: &str) -> Vec<Object> {
     out
 }
 
+/// The archive's objects without the copies [`duplicate`] planted: of
+/// objects with the same name, the one in the earliest date folder.
+async fn archived_originals(prefix: &str) -> Vec<Object> {
+    let mut objects = ndjson_objects(prefix).await;
+    objects.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut names = BTreeSet::new();
+    objects.retain(|o| names.insert(o.key.rsplit('/').next().unwrap().to_string()));
+    objects
+}
+
 /// The archive's changes (duplicates planted by the test left out).
 async fn archived_changes(prefix: &str, pipeline: &str) -> Vec<Value> {
-    let objects: Vec<Object> = ndjson_objects(prefix)
-        .await
-        .into_iter()
-        .filter(|o| !o.key.contains("/1999/"))
-        .collect();
-    checked_changes(&objects, Some(prefix), pipeline)
+    checked_changes(&archived_originals(prefix).await, Some(prefix), pipeline)
 }
 
 async fn wait_all_archived(db: &TestDb, prefix: &str, pipeline: &str) -> Vec<Value> {
     wait_replay_equals(
         db,
-        async || {
-            let mut objects = ndjson_objects(prefix).await;
-            objects.retain(|o| !o.key.contains("/1999/"));
-            objects
-        },
+        async || archived_originals(prefix).await,
         Some(prefix),
         pipeline,
     )
@@ -220,13 +221,28 @@ async fn wait_all_archived(db: &TestDb, prefix: &str, pipeline: &str) -> Vec<Val
     archived_changes(prefix, pipeline).await
 }
 
-/// Copies an archive object to a second key (a replay under another name).
+/// Copies an archive object to a second key (a replay under another
+/// name): the same name in the next day's folder, which a run resuming from
+/// the manifest lists (it lists from the day before the last compacted
+/// object's date on).
 async fn duplicate(prefix: &str, pipeline: &str, nth_last: usize) -> String {
     let store = admin_store();
     let objects = archived_objects(prefix, pipeline).await;
     let source = &objects[objects.len() - 1 - nth_last];
-    let name = source.rsplit('/').next().unwrap();
-    let copy = format!("{prefix}/1999/01/01/{name}");
+    let mut parts = source.rsplitn(5, '/');
+    let name = parts.next().unwrap();
+    let (d, m, y) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    let next_day =
+        chrono::NaiveDate::from_ymd_opt(y.parse().unwrap(), m.parse().unwrap(), d.parse().unwrap())
+            .unwrap()
+            .succ_opt()
+            .unwrap()
+            .format("%Y/%m/%d");
+    let copy = format!("{prefix}/{next_day}/{name}");
     let body = store
         .get(&ObjectPath::from(source.as_str()))
         .await
@@ -244,10 +260,10 @@ async fn duplicate(prefix: &str, pipeline: &str, nth_last: usize) -> String {
 
 /// Archive object keys, by first seq.
 async fn archived_objects(prefix: &str, pipeline: &str) -> Vec<String> {
-    let mut keys: Vec<(u64, String)> = ndjson_objects(prefix)
+    let mut keys: Vec<(u64, String)> = archived_originals(prefix)
         .await
         .into_iter()
-        .filter(|o| o.key.ends_with(".ndjson") && !o.key.contains("/1999/"))
+        .filter(|o| o.key.ends_with(".ndjson"))
         .map(|o| {
             let name = o.key.rsplit('/').next().unwrap().to_string();
             let first: u64 = name

@@ -4,10 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use futures::TryStreamExt;
+use chrono::{DateTime, NaiveDate, Utc};
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
+use super::manifest::Manifest;
 use super::typing::SchemaRecord;
 use crate::{Error, Result};
 
@@ -53,40 +55,209 @@ pub fn parse_key(relative: &str, pipeline: &str) -> Option<(String, u64, u64)> {
     (first <= last).then(|| (format!("{y}-{m}-{d}"), first, last))
 }
 
-/// Every archive object of `pipeline`, by first seq. Other files under the
-/// prefix (the compacted output, schema records, other pipelines) are skipped.
-pub async fn list_objects(
+/// An archive object as the store lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub key: String,
+    /// `YYYY-MM-DD`, from the key (the UTC commit date of its first change).
+    pub date: String,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub size: u64,
+    pub written: DateTime<Utc>,
+}
+
+/// Where a listing may start: the first seq wanted, and the date folder of
+/// the object that held the seq before it (recorded by compaction).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resume {
+    pub seq: u64,
+    pub date: String,
+}
+
+impl Resume {
+    /// Where every one of `tables` continues, if the manifest knows it for
+    /// each: the lowest `next_seq`, with the earliest date.
+    pub fn for_tables<'a>(
+        manifest: &Manifest,
+        tables: impl IntoIterator<Item = &'a String>,
+    ) -> Option<Resume> {
+        let mut out: Option<Resume> = None;
+        for table in tables {
+            let entry = manifest.tables.get(table)?;
+            let date = entry.next_date.clone()?;
+            out = Some(match out {
+                None => Resume {
+                    seq: entry.next_seq,
+                    date,
+                },
+                Some(r) => Resume {
+                    seq: r.seq.min(entry.next_seq),
+                    date: r.date.min(date),
+                },
+            });
+        }
+        out
+    }
+}
+
+/// Every archive object of `pipeline`, unsorted; other files under the
+/// prefix (the compacted output, schema records, other pipelines) are
+/// skipped.
+///
+/// With `from`, only the date folders from the day before `from.date` on
+/// are listed: an archive's dates follow its seqs (a batch is dated by the
+/// commit time of its first change, and commits are numbered in commit
+/// order), and the day before covers clocks a little out of step around
+/// midnight. So an incremental compaction or a query over a long archive
+/// lists days, not years. Should the object holding `from.seq` not be
+/// among them while later ones are (a gap: a batch not written yet, or a
+/// date further back than that), the whole prefix is listed instead.
+pub async fn list_archive(
     store: &dyn ObjectStore,
     prefix: Option<&str>,
     pipeline: &str,
-) -> Result<Vec<ArchiveObject>> {
+    from: Option<&Resume>,
+) -> Result<Vec<Listed>> {
+    if let Some(from) = from
+        && let Some(day_before) = NaiveDate::parse_from_str(&from.date, "%Y-%m-%d")
+            .ok()
+            .and_then(|d| d.pred_opt())
+    {
+        let listed = list_days(store, prefix, pipeline, &day_before.to_string()).await?;
+        let holds = listed
+            .iter()
+            .any(|o| o.first_seq <= from.seq && from.seq <= o.last_seq);
+        if holds || listed.iter().all(|o| o.last_seq < from.seq) {
+            return Ok(listed);
+        }
+        tracing::debug!(
+            seq = from.seq,
+            date = %from.date,
+            "the object holding the first uncompacted seq is not in the recent date folders; listing everything"
+        );
+    }
     let root = prefix.map(ObjectPath::from);
-    let described = prefix.unwrap_or("/").to_string();
     let metas: Vec<_> = store
         .list(root.as_ref())
         .try_collect()
         .await
-        .map_err(|e| Error::store("LIST", described, e))?;
-    let mut out = Vec::new();
-    for meta in metas {
-        let key = meta.location.to_string();
-        let relative = match prefix {
-            Some(p) => match key.strip_prefix(p).and_then(|k| k.strip_prefix('/')) {
-                Some(r) => r,
-                None => continue,
-            },
-            None => key.as_str(),
-        };
-        if let Some((date, first_seq, last_seq)) = parse_key(relative, pipeline) {
-            out.push(ArchiveObject {
-                key,
-                date,
-                first_seq,
-                last_seq,
-                size: meta.size,
-            });
-        }
+        .map_err(|e| Error::store("LIST", prefix.unwrap_or("/").to_string(), e))?;
+    Ok(metas
+        .into_iter()
+        .filter_map(|meta| parsed(meta, prefix, pipeline))
+        .collect())
+}
+
+/// The object `meta` names, if it is one of `pipeline`'s under `prefix`.
+fn parsed(meta: ObjectMeta, prefix: Option<&str>, pipeline: &str) -> Option<Listed> {
+    let key = meta.location.to_string();
+    let relative = match prefix {
+        Some(p) => key.strip_prefix(p)?.strip_prefix('/')?,
+        None => key.as_str(),
+    };
+    let (date, first_seq, last_seq) = parse_key(relative, pipeline)?;
+    Some(Listed {
+        key,
+        date,
+        first_seq,
+        last_seq,
+        size: meta.size,
+        written: meta.last_modified,
+    })
+}
+
+/// Date folders listed at once.
+const DAYS_AT_ONCE: usize = 16;
+
+/// The objects in the date folders `YYYY/MM/DD` from `from` (`YYYY-MM-DD`)
+/// on: years, then months, then days found by delimiter listings, keeping
+/// those not before `from`, then each day listed.
+async fn list_days(
+    store: &dyn ObjectStore,
+    prefix: Option<&str>,
+    pipeline: &str,
+    from: &str,
+) -> Result<Vec<Listed>> {
+    // Child folders of `parent` named by `width` digits, with the date text
+    // so far (`YYYY`, `YYYY-MM`, `YYYY-MM-DD`) not before `from`'s.
+    async fn children(
+        store: &dyn ObjectStore,
+        parent: Option<ObjectPath>,
+        text: String,
+        width: usize,
+        from: &str,
+    ) -> Result<Vec<(ObjectPath, String)>> {
+        let described = parent.as_ref().map_or("/".to_string(), |p| p.to_string());
+        let listing = store
+            .list_with_delimiter(parent.as_ref())
+            .await
+            .map_err(|e| Error::store("LIST", described, e))?;
+        Ok(listing
+            .common_prefixes
+            .into_iter()
+            .filter_map(|folder| {
+                let name = folder.filename()?.to_string();
+                if name.len() != width || !name.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                let text = if text.is_empty() {
+                    name
+                } else {
+                    format!("{text}-{name}")
+                };
+                (text.as_str() >= &from[..text.len().min(from.len())]).then_some((folder, text))
+            })
+            .collect())
     }
+    let root = prefix.map(ObjectPath::from);
+    let mut level = children(store, root, String::new(), 4, from).await?;
+    for _ in 0..2 {
+        let found: Vec<Vec<(ObjectPath, String)>> = futures::stream::iter(level)
+            .map(|(folder, text)| children(store, Some(folder), text, 2, from))
+            .buffered(DAYS_AT_ONCE)
+            .try_collect()
+            .await?;
+        level = found.into_iter().flatten().collect();
+    }
+    let days: Vec<Vec<ObjectMeta>> = futures::stream::iter(level)
+        .map(|(day, _)| async move {
+            let described = day.to_string();
+            store
+                .list(Some(&day))
+                .try_collect::<Vec<_>>()
+                .await
+                .map_err(|e| Error::store("LIST", described, e))
+        })
+        .buffer_unordered(DAYS_AT_ONCE)
+        .try_collect()
+        .await?;
+    Ok(days
+        .into_iter()
+        .flatten()
+        .filter_map(|meta| parsed(meta, prefix, pipeline))
+        .collect())
+}
+
+/// Every archive object of `pipeline` (from `from`, see [`list_archive`]),
+/// by first seq.
+pub async fn list_objects(
+    store: &dyn ObjectStore,
+    prefix: Option<&str>,
+    pipeline: &str,
+    from: Option<&Resume>,
+) -> Result<Vec<ArchiveObject>> {
+    let mut out: Vec<ArchiveObject> = list_archive(store, prefix, pipeline, from)
+        .await?
+        .into_iter()
+        .map(|o| ArchiveObject {
+            key: o.key,
+            date: o.date,
+            first_seq: o.first_seq,
+            last_seq: o.last_seq,
+            size: o.size,
+        })
+        .collect();
     out.sort_by(|a, b| (a.first_seq, a.last_seq, &a.key).cmp(&(b.first_seq, b.last_seq, &b.key)));
     Ok(out)
 }
@@ -133,6 +304,8 @@ pub async fn get(store: &dyn ObjectStore, path: &ObjectPath) -> Result<bytes::By
 #[cfg(test)]
 mod tests {
     use super::*;
+    use object_store::PutPayload;
+    use std::sync::Arc;
 
     #[test]
     fn keys_parse_only_for_this_pipeline() {
@@ -148,5 +321,72 @@ mod tests {
         assert_eq!(parse_key("parquet/public/orders/x.parquet", "orders"), None);
         assert_eq!(parse_key("2024/03/01/orders-9-1.ndjson", "orders"), None);
         assert_eq!(parse_key("2024/3/01/orders-1-1.ndjson", "orders"), None);
+    }
+
+    /// Lists only from the day before the resume date, in memory and in a
+    /// local folder, and everything when the object holding the resume
+    /// seq is not in those days while later ones are.
+    #[tokio::test]
+    async fn a_resumed_listing_reads_the_recent_days_and_falls_back_on_a_gap() {
+        let dir = tempfile::tempdir().unwrap();
+        let stores: Vec<Arc<dyn ObjectStore>> = vec![
+            Arc::new(object_store::memory::InMemory::new()),
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap()),
+        ];
+        let keys = [
+            "p/2025/12/31/w-1-10.ndjson",
+            "p/2026/01/01/w-11-20.ndjson",
+            "p/2026/11/28/w-21-30.ndjson",
+            "p/2026/11/29/w-31-40.ndjson",
+            "p/2026/11/30/w-41-50.ndjson",
+            "p/2026/11/30/other-1-5.ndjson",
+            "p/2027/01/01/w-51-60.ndjson",
+            "p/parquet/public/t/date=2026-11-30/1-40.parquet",
+            "p/latest/public/t/1-0-0.parquet",
+            "p/_waltail/compaction/manifest.json",
+        ];
+        for store in stores {
+            for key in keys {
+                store
+                    .put(&ObjectPath::from(key), PutPayload::from_static(b"{}"))
+                    .await
+                    .unwrap();
+            }
+            let firsts = |mut v: Vec<Listed>| {
+                v.sort_by_key(|o| o.first_seq);
+                v.iter().map(|o| o.first_seq).collect::<Vec<_>>()
+            };
+            let list = |from: Option<Resume>| {
+                let store = Arc::clone(&store);
+                async move {
+                    firsts(
+                        list_archive(store.as_ref(), Some("p"), "w", from.as_ref())
+                            .await
+                            .unwrap(),
+                    )
+                }
+            };
+            let resume = |seq: u64, date: &str| {
+                Some(Resume {
+                    seq,
+                    date: date.into(),
+                })
+            };
+            assert_eq!(list(None).await, [1, 11, 21, 31, 41, 51]);
+            assert_eq!(list(resume(41, "2026-11-30")).await, [31, 41, 51]);
+            assert_eq!(list(resume(35, "2026-11-29")).await, [21, 31, 41, 51]);
+            // Across a year's end: the day before 2026-01-01.
+            assert_eq!(
+                list(resume(15, "2026-01-01")).await,
+                [1, 11, 21, 31, 41, 51]
+            );
+            // Nothing new since: the recent days suffice.
+            assert_eq!(list(resume(61, "2027-01-01")).await, [51]);
+            // Seq 15 is dated far earlier than the resume date says: all.
+            assert_eq!(
+                list(resume(15, "2026-11-30")).await,
+                [1, 11, 21, 31, 41, 51]
+            );
+        }
     }
 }

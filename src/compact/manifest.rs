@@ -65,6 +65,12 @@ pub struct Move {
 pub struct TableEntry {
     /// Every change of the table with a lower seq is compacted.
     pub next_seq: u64,
+    /// The date folder (`YYYY-MM-DD`) of the last object compacted, so
+    /// that readers list only the date folders from there on (see
+    /// [`super::listing::list_archive`]). Absent in manifests written
+    /// before it was kept: they list everything until the next run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_date: Option<String>,
     /// The columns as written, in order, with their types: a later run
     /// checks that its types widen these.
     pub columns: Vec<Column>,

@@ -192,7 +192,10 @@ async fn run(
         }
         None => {
             let tables = select_tables(&schemas, &opts.tables)?;
-            let objects = listing::list_objects(store.as_ref(), prefix, &config.pipeline).await?;
+            let resume = listing::Resume::for_tables(&manifest, &tables);
+            let objects =
+                listing::list_objects(store.as_ref(), prefix, &config.pipeline, resume.as_ref())
+                    .await?;
             // The earliest seq any selected table still needs.
             let from = tables
                 .iter()
@@ -360,9 +363,11 @@ async fn run(
         moves.extend(files);
     }
     drop(spool);
+    let last_date = plan.files.last().map(|f| f.date.clone());
     for table in &plan.tables {
         let entry = manifest.tables.entry(table.clone()).or_default();
         entry.next_seq = plan.to_seq + 1;
+        entry.next_date = last_date.clone();
         entry.columns = shapes[table].columns.clone();
     }
     manifest.generation = plan.generation;

@@ -11,11 +11,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use crate::compact::listing::{self, parse_key};
+use crate::compact::listing::{self, Resume};
 use crate::compact::manifest::Manifest;
 use crate::compact::typing::TableShape;
 use crate::{Error, Result};
@@ -71,7 +70,12 @@ pub struct Archive {
     pub manifest: Manifest,
     /// Every table with a schema record, by `schema.table`.
     pub shapes: BTreeMap<String, Arc<TableShape>>,
-    /// The NDJSON objects by first seq, repeats left out.
+    /// Every NDJSON object, once listed (see [`Archive::every_object`]).
+    every: tokio::sync::OnceCell<Arc<Vec<Object>>>,
+    pipeline: String,
+    /// The NDJSON objects by first seq, repeats left out: those from the
+    /// date folder where compaction stopped (see
+    /// [`listing::list_archive`]), enough for every table's tail.
     pub objects: Vec<Object>,
     /// The last seq a query sees (`--at`); `None`: everything.
     pub max_seq: Option<u64>,
@@ -87,7 +91,7 @@ impl Archive {
     ) -> Result<Archive> {
         let manifest = stable_manifest(store.as_ref(), prefix).await?;
         let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
-        let shapes = schemas
+        let shapes: BTreeMap<String, Arc<TableShape>> = schemas
             .iter()
             .map(|(table, records)| {
                 (
@@ -96,7 +100,17 @@ impl Archive {
                 )
             })
             .collect();
-        let objects = list(store.as_ref(), prefix, pipeline).await?;
+        // A time is placed among every object's write time; otherwise the
+        // tables' tails need the objects from where compaction stopped.
+        let resume = match at {
+            Some(At::Time(_)) => None,
+            _ => Resume::for_tables(&manifest, shapes.keys()),
+        };
+        let objects = list(store.as_ref(), prefix, pipeline, resume.as_ref()).await?;
+        let every = tokio::sync::OnceCell::new();
+        if resume.is_none() {
+            let _ = every.set(Arc::new(objects.clone()));
+        }
         let max_seq = match at {
             None => None,
             Some(At::Seq(n)) => Some(*n),
@@ -108,8 +122,28 @@ impl Archive {
             manifest,
             shapes,
             objects,
+            every,
+            pipeline: pipeline.to_string(),
             max_seq,
         })
+    }
+
+    /// Every NDJSON object, compacted or not (`waltail.changes`): listed
+    /// when first needed if the snapshot listed only the recent ones.
+    pub async fn every_object(&self) -> Result<Arc<Vec<Object>>> {
+        self.every
+            .get_or_try_init(|| async {
+                list(
+                    self.store.as_ref(),
+                    self.prefix.as_deref(),
+                    &self.pipeline,
+                    None,
+                )
+                .await
+                .map(Arc::new)
+            })
+            .await
+            .cloned()
     }
 
     /// The first seq of `table` not in its compacted files (0: none are).
@@ -222,35 +256,22 @@ async fn list(
     store: &dyn ObjectStore,
     prefix: Option<&str>,
     pipeline: &str,
+    from: Option<&Resume>,
 ) -> Result<Vec<Object>> {
-    let root = prefix.map(ObjectPath::from);
-    let metas: Vec<_> = store
-        .list(root.as_ref())
-        .try_collect()
-        .await
-        .map_err(|e| Error::store("LIST", prefix.unwrap_or("/").to_string(), e))?;
-    let mut all = Vec::new();
-    for meta in metas {
-        let key = meta.location.to_string();
-        let relative = match prefix {
-            Some(p) => match key.strip_prefix(p).and_then(|k| k.strip_prefix('/')) {
-                Some(r) => r,
-                None => continue,
-            },
-            None => key.as_str(),
-        };
-        if let Some((date, first_seq, last_seq)) = parse_key(relative, pipeline) {
-            all.push(Object {
-                key: key.clone(),
-                date,
-                first_seq,
-                last_seq,
-                from_seq: first_seq,
-                written: meta.last_modified,
-            });
-        }
-    }
-    Ok(dedupe(all))
+    let listed = listing::list_archive(store, prefix, pipeline, from).await?;
+    Ok(dedupe(
+        listed
+            .into_iter()
+            .map(|o| Object {
+                key: o.key,
+                date: o.date,
+                first_seq: o.first_seq,
+                last_seq: o.last_seq,
+                from_seq: o.first_seq,
+                written: o.written,
+            })
+            .collect(),
+    ))
 }
 
 /// Sorts objects by first seq (the earliest written first among equals) and

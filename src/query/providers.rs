@@ -94,13 +94,7 @@ pub fn register(ctx: &SessionContext, archive: Arc<Archive>) -> DfResult<()> {
     let waltail = Arc::new(MemorySchemaProvider::new());
     waltail.register_table(
         "changes".into(),
-        Arc::new(TailTable::new(
-            Arc::clone(&archive.store),
-            Arc::new(archive.objects.clone()),
-            TailKind::Changes,
-            0,
-            archive.max_seq,
-        )),
+        Arc::new(TailTable::every_change(Arc::clone(&archive))),
     )?;
     default.register_schema("waltail", waltail)?;
     Ok(())

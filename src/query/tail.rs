@@ -30,7 +30,7 @@ use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
 use serde_json::Value;
 
-use super::catalog::Object;
+use super::catalog::{Archive, Object};
 use crate::compact::history::{history_columns, history_schema};
 use crate::compact::listing;
 use crate::compact::read::{Envelope, TypedChange, type_change};
@@ -249,6 +249,9 @@ pub fn days(date: &str) -> Option<i32> {
 pub struct TailTable {
     store: Arc<dyn ObjectStore>,
     objects: Arc<Vec<Object>>,
+    /// When set, the objects are every one of this archive's, listed at
+    /// the first scan (`waltail.changes` reaches below compaction).
+    every_of: Option<Arc<Archive>>,
     kind: TailKind,
     schema: SchemaRef,
     bounds: Bounds,
@@ -269,6 +272,7 @@ impl TailTable {
         TailTable {
             store,
             objects,
+            every_of: None,
             kind,
             schema,
             bounds: Bounds {
@@ -279,14 +283,17 @@ impl TailTable {
         }
     }
 
-    /// The objects a scan with `filters` reads.
-    pub fn objects_for(&self, filters: &[Expr]) -> Vec<Object> {
-        let bounds = self.bounds.narrow(filters, self.kind.seq_column());
-        self.objects
-            .iter()
-            .filter(|o| bounds.may_hold(o))
-            .cloned()
-            .collect()
+    /// `waltail.changes` of `archive`: every object, listed when scanned.
+    pub fn every_change(archive: Arc<Archive>) -> TailTable {
+        let mut table = TailTable::new(
+            Arc::clone(&archive.store),
+            Arc::new(Vec::new()),
+            TailKind::Changes,
+            0,
+            archive.max_seq,
+        );
+        table.every_of = Some(archive);
+        table
     }
 }
 
@@ -315,15 +322,21 @@ impl TableProvider for TailTable {
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let bounds = self.bounds.narrow(filters, self.kind.seq_column());
-        let objects: Vec<Object> = self
-            .objects
+        let listed = match &self.every_of {
+            Some(archive) => archive
+                .every_object()
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?,
+            None => Arc::clone(&self.objects),
+        };
+        let objects: Vec<Object> = listed
             .iter()
             .filter(|o| bounds.may_hold(o))
             .cloned()
             .collect();
         tracing::debug!(
             read = objects.len(),
-            of = self.objects.len(),
+            of = listed.len(),
             ?bounds,
             "tail scan: objects that may match"
         );
