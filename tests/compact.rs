@@ -222,9 +222,9 @@ async fn wait_all_archived(db: &TestDb, prefix: &str, pipeline: &str) -> Vec<Val
 }
 
 /// Copies an archive object to a second key (a replay under another
-/// name): the same name in the next day's folder, which a run resuming from
-/// the manifest lists (it lists from the day before the last compacted
-/// object's date on).
+/// name): the same name in the next day's folder (where a query, which
+/// lists from the day before the last compacted object's date on, sees it
+/// too).
 async fn duplicate(prefix: &str, pipeline: &str, nth_last: usize) -> String {
     let store = admin_store();
     let objects = archived_objects(prefix, pipeline).await;

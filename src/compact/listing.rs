@@ -109,10 +109,13 @@ impl Resume {
 /// are listed: an archive's dates follow its seqs (a batch is dated by the
 /// commit time of its first change, and commits are numbered in commit
 /// order), and the day before covers clocks a little out of step around
-/// midnight. So an incremental compaction or a query over a long archive
-/// lists days, not years. Should the object holding `from.seq` not be
-/// among them while later ones are (a gap: a batch not written yet, or a
-/// date further back than that), the whole prefix is listed instead.
+/// midnight. So a query over a long archive lists days, not years. Should
+/// the object holding `from.seq` not be among them while later ones are (a
+/// gap: a batch not written yet, or a date further back than that), the
+/// whole prefix is listed instead. What this cannot see: objects written
+/// after the last compaction by a source whose clock stepped back more than
+/// a day, dated before the window while nothing newer is in it; compaction
+/// lists everything, so the next run takes them and moves the window.
 pub async fn list_archive(
     store: &dyn ObjectStore,
     prefix: Option<&str>,
@@ -239,15 +242,13 @@ async fn list_days(
         .collect())
 }
 
-/// Every archive object of `pipeline` (from `from`, see [`list_archive`]),
-/// by first seq.
+/// Every archive object of `pipeline`, by first seq.
 pub async fn list_objects(
     store: &dyn ObjectStore,
     prefix: Option<&str>,
     pipeline: &str,
-    from: Option<&Resume>,
 ) -> Result<Vec<ArchiveObject>> {
-    let mut out: Vec<ArchiveObject> = list_archive(store, prefix, pipeline, from)
+    let mut out: Vec<ArchiveObject> = list_archive(store, prefix, pipeline, None)
         .await?
         .into_iter()
         .map(|o| ArchiveObject {

@@ -192,10 +192,12 @@ async fn run(
         }
         None => {
             let tables = select_tables(&schemas, &opts.tables)?;
-            let resume = listing::Resume::for_tables(&manifest, &tables);
-            let objects =
-                listing::list_objects(store.as_ref(), prefix, &config.pipeline, resume.as_ref())
-                    .await?;
+            // The whole archive, not only the date folders a query lists:
+            // if the source's clock stepped back, objects newer than the
+            // last compacted one sit in earlier folders, and a run must
+            // find them rather than report nothing new. Listing costs one
+            // request per 1,000 objects, little next to reading them.
+            let objects = listing::list_objects(store.as_ref(), prefix, &config.pipeline).await?;
             // The earliest seq any selected table still needs.
             let from = tables
                 .iter()
@@ -366,8 +368,11 @@ async fn run(
     let last_date = plan.files.last().map(|f| f.date.clone());
     for table in &plan.tables {
         let entry = manifest.tables.entry(table.clone()).or_default();
-        entry.next_seq = plan.to_seq + 1;
-        entry.next_date = last_date.clone();
+        // Never backwards, whatever an older plan said.
+        if plan.to_seq + 1 >= entry.next_seq {
+            entry.next_seq = plan.to_seq + 1;
+            entry.next_date = last_date.clone();
+        }
         entry.columns = shapes[table].columns.clone();
     }
     manifest.generation = plan.generation;

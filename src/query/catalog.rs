@@ -146,6 +146,19 @@ impl Archive {
             .cloned()
     }
 
+    /// The last seq of the snapshot: of its newest object, or compacted.
+    pub fn end_seq(&self) -> u64 {
+        let listed = self.objects.iter().map(|o| o.last_seq).max().unwrap_or(0);
+        let compacted = self
+            .manifest
+            .tables
+            .values()
+            .map(|e| e.next_seq.saturating_sub(1))
+            .max()
+            .unwrap_or(0);
+        listed.max(compacted)
+    }
+
     /// The first seq of `table` not in its compacted files (0: none are).
     pub fn next_seq(&self, table: &str) -> u64 {
         self.manifest.tables.get(table).map_or(0, |e| e.next_seq)

@@ -283,14 +283,16 @@ impl TailTable {
         }
     }
 
-    /// `waltail.changes` of `archive`: every object, listed when scanned.
+    /// `waltail.changes` of `archive`: every object, listed when scanned,
+    /// up to the snapshot's last seq (objects written since are left out,
+    /// as the other tables of the query leave them out).
     pub fn every_change(archive: Arc<Archive>) -> TailTable {
         let mut table = TailTable::new(
             Arc::clone(&archive.store),
             Arc::new(Vec::new()),
             TailKind::Changes,
             0,
-            archive.max_seq,
+            Some(archive.max_seq.unwrap_or_else(|| archive.end_seq())),
         );
         table.every_of = Some(archive);
         table

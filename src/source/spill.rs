@@ -30,7 +30,7 @@ use crate::{Error, Result};
 pub const MEMORY_BUDGET: usize = 16 * 1024 * 1024;
 
 /// Buffer size of a spill file's writer and reader.
-const IO_BUFFER: usize = 256 * 1024;
+const IO_BUFFER: usize = 64 * 1024;
 
 fn op_code(op: Op) -> u8 {
     match op {
@@ -42,14 +42,20 @@ fn op_code(op: Op) -> u8 {
     }
 }
 
-fn op_from(code: u8) -> Op {
-    match code {
+fn op_from(code: u8) -> std::io::Result<Op> {
+    Ok(match code {
+        0 => Op::Insert,
         1 => Op::Update,
         2 => Op::Delete,
         3 => Op::Truncate,
         4 => Op::Read,
-        _ => Op::Insert,
-    }
+        _ => {
+            return Err(std::io::Error::new(
+                ErrorKind::InvalidData,
+                format!("a spilled change has the unknown op code {code}"),
+            ));
+        }
+    })
 }
 
 fn size(c: &Change) -> usize {
@@ -87,6 +93,8 @@ struct SpillReader {
 }
 
 /// A committed transaction's changes, read out in order, a chunk at a time.
+/// One dropped before its end (the session stopping) leaves its file to the
+/// next session's start, which empties the folder.
 pub struct Drain {
     memory: VecDeque<Change>,
     spilled: Option<SpillReader>,
@@ -161,7 +169,11 @@ impl StreamBuffers {
                 match part {
                     None => out.write_all(&0u32.to_le_bytes())?,
                     Some(bytes) => {
-                        out.write_all(&(bytes.len() as u32 + 1).to_le_bytes())?;
+                        // Postgres values are under 1 GiB; a row can't reach 4 GiB.
+                        let len = u32::try_from(bytes.len() + 1).map_err(|_| {
+                            std::io::Error::new(ErrorKind::InvalidData, "a change of 4 GiB or more")
+                        })?;
+                        out.write_all(&len.to_le_bytes())?;
                         out.write_all(bytes)?;
                     }
                 }
@@ -359,7 +371,7 @@ fn read_record(
     Ok(Some((
         subxid,
         Change {
-            op: op_from(head[4]),
+            op: op_from(head[4])?,
             table,
             data,
             old,
