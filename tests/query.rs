@@ -710,3 +710,56 @@ async fn a_local_folder_archive_answers_in_every_format_skips_pruned_objects_and
     );
     db.drop_db().await;
 }
+
+/// Queries while `waltail compact` replaces the latest view (a local
+/// folder, three rounds of new changes then a compaction): every query
+/// either answers exactly the source's row count or fails saying to run it
+/// again (or to complete the compaction); never a wrong count.
+#[tokio::test(flavor = "multi_thread")]
+async fn queries_during_a_compaction_answer_right_or_say_to_run_again() {
+    let db = TestDb::new("queryrace").await;
+    db.exec(TABLES).await;
+    let pipeline = unique("qr").replace('_', "-");
+    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
+    let archive = w.dir.path().join("archive");
+    w.set("WALTAIL_DESTINATION_TYPE", "file")
+        .set("WALTAIL_DESTINATION_PATH", archive.to_str().unwrap())
+        .set("WALTAIL_DELIVERY_BATCH_SIZE", "5");
+    let (mut answered, mut refused) = (0, 0);
+    for round in 0..3u64 {
+        w.start();
+        mixed_workload(&db, 70 + round, 40, 0).await;
+        let root = archive.clone();
+        wait_replay_equals(&db, async || file_objects(&root), None, &pipeline).await;
+        w.stop();
+        let expected = db.rows("orders").await.len() as i64;
+        let mut compacting = w.command(&["compact"]).spawn().unwrap();
+        let mut after = 0;
+        // Queries while it runs, and two after it ended.
+        while after < 2 {
+            if compacting.try_wait().unwrap().is_some() {
+                after += 1;
+            }
+            let (status, stdout, stderr) = w.output(&[
+                "query",
+                "--format",
+                "csv",
+                "SELECT count(*) FROM public.orders",
+            ]);
+            if status.success() {
+                let got: i64 = stdout.lines().nth(1).unwrap().trim().parse().unwrap();
+                assert_eq!(got, expected, "round {round}: a wrong count\n{stderr}");
+                answered += 1;
+            } else {
+                assert!(
+                    stderr.contains("run the query again") || stderr.contains("to complete it"),
+                    "round {round}: failed without saying to run it again:\n{stderr}"
+                );
+                refused += 1;
+            }
+        }
+        assert!(compacting.wait().unwrap().success(), "round {round}");
+    }
+    eprintln!("{answered} queries answered, {refused} said to run again");
+    assert!(answered >= 6);
+}

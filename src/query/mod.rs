@@ -144,22 +144,37 @@ impl Query {
         let mut out = std::io::BufWriter::new(stdout.lock());
         let options = datafusion::execution::context::SQLOptions::new().with_allow_dml(false);
         let count = statements.len();
-        for (i, statement) in statements.into_iter().enumerate() {
-            let state = ctx.state();
-            let plan = state.statement_to_plan(statement).await.map_err(located)?;
-            options.verify_plan(&plan).map_err(located)?;
-            let frame = ctx.execute_logical_plan(plan).await.map_err(located)?;
-            let stream = frame.execute_stream().await.map_err(located)?;
-            let (written, _) = output::write(&mut out, self.format, stream, located).await?;
-            if written == Written::Closed {
-                return Ok(());
+        // Ok(true): the reader closed the pipe.
+        let ran: Result<bool> = async {
+            for (i, statement) in statements.into_iter().enumerate() {
+                let state = ctx.state();
+                let plan = state.statement_to_plan(statement).await.map_err(located)?;
+                options.verify_plan(&plan).map_err(located)?;
+                let frame = ctx.execute_logical_plan(plan).await.map_err(located)?;
+                let stream = frame.execute_stream().await.map_err(located)?;
+                let (written, _) = output::write(&mut out, self.format, stream, located).await?;
+                if written == Written::Closed {
+                    return Ok(true);
+                }
+                if self.format == Format::Table && i + 1 < count && writeln!(out).is_err() {
+                    return Ok(true);
+                }
             }
-            if self.format == Format::Table && i + 1 < count && writeln!(out).is_err() {
-                return Ok(());
+            Ok(false)
+        }
+        .await;
+        drop(out);
+        match ran {
+            Ok(true) => Ok(()),
+            Ok(false) => archive.verify_unchanged().await,
+            // A file that vanished mid-statement is most likely a compact
+            // replacing the latest view: say so, and to run it again,
+            // rather than show the store's "not found".
+            Err(e) => {
+                archive.verify_unchanged().await?;
+                Err(e)
             }
         }
-        drop(out);
-        archive.verify_unchanged().await
     }
 
     /// The interactive prompt: statements end with `;`, `\q` or Ctrl-D quits.

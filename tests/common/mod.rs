@@ -220,7 +220,7 @@ impl Waltail {
             .set("WALTAIL_DESTINATION_SECRET_ACCESS_KEY", &s3.secret)
     }
 
-    fn command(&self, args: &[&str]) -> Command {
+    pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(bin());
         cmd.args(args).current_dir(self.dir.path());
         for (k, _) in std::env::vars() {
