@@ -164,36 +164,6 @@ fn assert_history_equals_archive(dir: &Path, table: &str, changes: &[Value]) {
     assert_eq!(got, expected, "history of {table} vs the archive");
 }
 
-/// The archive's NDJSON objects under `prefix` (not the Parquet beside them).
-async fn ndjson_objects(prefix: &str) -> Vec<Object> {
-    let store = admin_store();
-    let metas: Vec<_> = store
-        .list(Some(&ObjectPath::from(prefix)))
-        .try_collect()
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    for meta in metas {
-        if !meta.location.as_ref().ends_with(".ndjson") {
-            continue;
-        }
-        let body = store
-            .get(&meta.location)
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        out.push(Object {
-            key: meta.location.to_string(),
-            body: String::from_utf8(body.to_vec()).unwrap(),
-            content_type: None,
-        });
-    }
-    out.sort_by(|a, b| a.key.cmp(&b.key));
-    out
-}
-
 /// The archive's objects without the copies [`duplicate`] planted: of
 /// objects with the same name, the one in the earliest date folder.
 async fn archived_originals(prefix: &str) -> Vec<Object> {

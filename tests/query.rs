@@ -13,9 +13,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::{Value, json};
 
 /// A table of the test, with the expressions that bring Postgres, waltail
@@ -206,36 +205,6 @@ async fn all_archived(db: &TestDb, prefix: &str, pipeline: &str) -> Vec<Value> {
         pipeline,
     )
     .await
-}
-
-/// The archive's NDJSON objects under `prefix` (not the Parquet beside them).
-async fn ndjson_objects(prefix: &str) -> Vec<Object> {
-    let store = admin_store();
-    let metas: Vec<_> = store
-        .list(Some(&ObjectPath::from(prefix)))
-        .try_collect()
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    for meta in metas {
-        if !meta.location.as_ref().ends_with(".ndjson") {
-            continue;
-        }
-        let body = store
-            .get(&meta.location)
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        out.push(Object {
-            key: meta.location.to_string(),
-            body: String::from_utf8(body.to_vec()).unwrap(),
-            content_type: None,
-        });
-    }
-    out.sort_by(|a, b| a.key.cmp(&b.key));
-    out
 }
 
 /// The archive's changes as they are now (at least `before`).

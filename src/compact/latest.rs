@@ -524,25 +524,11 @@ pub async fn merge_bucket(
 
 #[cfg(test)]
 mod tests {
-    use super::super::typing::{Column, Kind};
     use super::*;
 
     fn view() -> LatestView {
         LatestView {
-            shape: Arc::new(TableShape {
-                table: "public.t".into(),
-                columns: vec![
-                    Column {
-                        name: "id".into(),
-                        kind: Kind::Int64,
-                    },
-                    Column {
-                        name: "doc".into(),
-                        kind: Kind::Text,
-                    },
-                ],
-                key: vec![0],
-            }),
+            shape: Arc::new(TableShape::test_t()),
             rows: HashMap::new(),
         }
     }

@@ -454,20 +454,7 @@ mod tests {
     use super::*;
 
     fn shape() -> TableShape {
-        TableShape {
-            table: "public.t".into(),
-            columns: vec![
-                Column {
-                    name: "id".into(),
-                    kind: Kind::Int64,
-                },
-                Column {
-                    name: "doc".into(),
-                    kind: Kind::Text,
-                },
-            ],
-            key: vec![0],
-        }
+        TableShape::test_t()
     }
 
     fn env(line: &str) -> Envelope {

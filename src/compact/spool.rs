@@ -500,24 +500,10 @@ fn read_steps(shape: &TableShape, path: &PathBuf, out: &mut Vec<Step>) -> Result
 
 #[cfg(test)]
 mod tests {
-    use super::super::typing::{Column, Kind};
     use super::*;
 
     fn shape() -> Arc<TableShape> {
-        Arc::new(TableShape {
-            table: "public.t".into(),
-            columns: vec![
-                Column {
-                    name: "id".into(),
-                    kind: Kind::Int64,
-                },
-                Column {
-                    name: "doc".into(),
-                    kind: Kind::Text,
-                },
-            ],
-            key: vec![0],
-        })
+        Arc::new(TableShape::test_t())
     }
 
     fn change(op: ChangeOp, seq: u64, id: i64, doc: Cell, old: Option<i64>) -> TypedChange {

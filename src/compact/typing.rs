@@ -211,6 +211,26 @@ pub struct TableShape {
 }
 
 impl TableShape {
+    /// `public.t (id bigint, doc text)` keyed by `id`: the table unit tests
+    /// of compaction and query share.
+    #[cfg(test)]
+    pub fn test_t() -> TableShape {
+        TableShape {
+            table: "public.t".into(),
+            columns: vec![
+                Column {
+                    name: "id".into(),
+                    kind: Kind::Int64,
+                },
+                Column {
+                    name: "doc".into(),
+                    kind: Kind::Text,
+                },
+            ],
+            key: vec![0],
+        }
+    }
+
     /// Folds a table's schema records (any order) into one shape.
     pub fn from_records(table: &str, records: &[SchemaRecord]) -> TableShape {
         let mut sorted: Vec<&SchemaRecord> = records.iter().collect();

@@ -199,23 +199,9 @@ pub fn overlay_schema(shape: &TableShape) -> SchemaRef {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compact::typing::{Column, Kind};
 
     fn shape() -> Arc<TableShape> {
-        Arc::new(TableShape {
-            table: "public.t".into(),
-            columns: vec![
-                Column {
-                    name: "id".into(),
-                    kind: Kind::Int64,
-                },
-                Column {
-                    name: "doc".into(),
-                    kind: Kind::Text,
-                },
-            ],
-            key: vec![0],
-        })
+        Arc::new(TableShape::test_t())
     }
 
     fn key(id: i64) -> String {

@@ -563,24 +563,10 @@ mod tests {
     use super::*;
     use crate::compact::history::history_columns;
     use crate::compact::read::{Envelope, type_change};
-    use crate::compact::typing::{Column, Kind};
 
     #[test]
     fn history_rows_read_back_as_the_changes_they_were() {
-        let shape = TableShape {
-            table: "public.t".into(),
-            columns: vec![
-                Column {
-                    name: "id".into(),
-                    kind: Kind::Int64,
-                },
-                Column {
-                    name: "doc".into(),
-                    kind: Kind::Text,
-                },
-            ],
-            key: vec![0],
-        };
+        let shape = TableShape::test_t();
         let lines = [
             r#"{"op":"insert","table":"public.t","data":{"id":1,"doc":"big"},"old":null,"seq":1,"idempotency_key":"a","commit_lsn":"0/1"}"#,
             r#"{"op":"update","table":"public.t","data":{"id":2},"old":{"id":1},"seq":2,"idempotency_key":"b","commit_lsn":"0/2"}"#,
