@@ -91,6 +91,12 @@ impl Error {
         }
     }
 
+    /// A failure that means waltail itself is wrong (an invariant broken, a
+    /// task of its own panicked): the message says what, the hint to report it.
+    pub fn bug(message: impl Into<String>) -> Self {
+        Error::fatal(message, "this is a bug in waltail; please report it")
+    }
+
     pub fn postgres(context: impl Into<String>, source: tokio_postgres::Error) -> Self {
         Error::Postgres {
             context: context.into(),

@@ -56,7 +56,7 @@ struct Row {
 /// A table's latest rows, being merged.
 pub struct LatestView {
     pub shape: Arc<TableShape>,
-    rows: HashMap<Box<str>, Row>,
+    rows: HashMap<Box<str>, Row, foldhash::fast::RandomState>,
 }
 
 /// The latest view's Arrow schema.
@@ -79,7 +79,7 @@ impl LatestView {
     pub fn empty(shape: Arc<TableShape>) -> LatestView {
         LatestView {
             shape,
-            rows: HashMap::new(),
+            rows: HashMap::default(),
         }
     }
 
@@ -200,8 +200,9 @@ impl LatestView {
         Ok(())
     }
 
-    /// Applies one change; changes come in seq order.
-    pub fn apply(&mut self, change: &TypedChange) {
+    /// Applies one change; changes come in seq order. Takes the change so
+    /// that its values move into the view rather than being copied.
+    pub fn apply(&mut self, change: TypedChange) {
         match change.op {
             ChangeOp::Truncate => self.rows.clear(),
             ChangeOp::Delete => {
@@ -219,26 +220,7 @@ impl LatestView {
                     _ => None,
                 };
                 let previous = previous.or_else(|| self.rows.remove(key));
-                let cells = change
-                    .cells
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| match c {
-                        Cell::Absent => previous
-                            .as_ref()
-                            .map(|p| p.cells[i].clone())
-                            .unwrap_or(Cell::Null),
-                        c => c.clone(),
-                    })
-                    .collect();
-                self.rows.insert(
-                    key.into(),
-                    Row {
-                        seq: change.seq,
-                        lsn: change.lsn.as_str().into(),
-                        cells,
-                    },
-                );
+                self.put(change, previous.map(|p| p.cells));
             }
         }
     }
@@ -246,28 +228,40 @@ impl LatestView {
     /// Applies an update that moved a row here from a key of another
     /// bucket: `moved` is the old row's values at that change (`None` when
     /// there was no such row), as [`LatestView::apply`] would have found it.
-    pub fn apply_moved_in(&mut self, change: &TypedChange, moved: Option<Vec<Cell>>) {
+    pub fn apply_moved_in(&mut self, change: TypedChange, moved: Option<Vec<Cell>>) {
         let Some(key) = change.key.as_deref() else {
             return;
         };
         let previous = moved.or_else(|| self.rows.remove(key).map(|r| r.cells));
-        let cells = change
-            .cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| match c {
-                Cell::Absent => previous
-                    .as_ref()
-                    .map(|p| p[i].clone())
-                    .unwrap_or(Cell::Null),
-                c => c.clone(),
-            })
-            .collect();
+        self.put(change, previous);
+    }
+
+    /// Stores an upsert's row, its absent (unchanged TOAST) cells taken
+    /// from `previous`, the row's values before (null without one).
+    fn put(&mut self, change: TypedChange, previous: Option<Vec<Cell>>) {
+        let TypedChange {
+            key: Some(key),
+            mut cells,
+            seq,
+            lsn,
+            ..
+        } = change
+        else {
+            return;
+        };
+        for (i, cell) in cells.iter_mut().enumerate() {
+            if matches!(cell, Cell::Absent) {
+                *cell = match &previous {
+                    Some(p) => p[i].clone(),
+                    None => Cell::Null,
+                };
+            }
+        }
         self.rows.insert(
-            key.into(),
+            key.into_boxed_str(),
             Row {
-                seq: change.seq,
-                lsn: change.lsn.as_str().into(),
+                seq,
+                lsn: lsn.into_boxed_str(),
                 cells,
             },
         );
@@ -291,55 +285,28 @@ impl LatestView {
         self.rows.is_empty()
     }
 
-    /// Writes the view as generation `generation` into `staging` (a folder
-    /// readers of `latest/` do not see), rows ordered by key, in files of
-    /// about `file_bytes` at most; returns where each file goes once the
-    /// manifest points at it (see [`super::publish`]) and the bytes written.
-    pub async fn write(
-        &self,
-        store: &Arc<dyn ObjectStore>,
-        prefix: Option<&str>,
-        staging: &str,
-        generation: u64,
-        props: &WriterProperties,
-        file_bytes: u64,
-    ) -> Result<(Vec<Move>, u64)> {
-        let stem = format!("{generation:08}");
-        self.write_files(store, prefix, staging, &stem, props, file_bytes, true)
-            .await
-    }
-
-    /// Writes the view as bucket `bucket` of generation `generation`, as
-    /// [`LatestView::write`] does, in files `<generation>-<bucket>-<part>`;
-    /// an empty bucket writes no file unless `always`.
-    #[allow(clippy::too_many_arguments)]
+    /// Writes the view as bucket `bucket` of `target`'s generation into its
+    /// staging folder (which readers of `latest/` do not see), rows ordered
+    /// by key, in files `<generation>-<bucket>-<part>` of about
+    /// `file_bytes` at most; an empty bucket writes no file unless
+    /// `always`. Returns where each file goes once the manifest points at
+    /// it (see [`super::publish`]) and the bytes written.
     pub async fn write_bucket(
         &self,
-        store: &Arc<dyn ObjectStore>,
-        prefix: Option<&str>,
-        staging: &str,
-        generation: u64,
+        target: &LatestTarget,
         bucket: u32,
-        props: &WriterProperties,
-        file_bytes: u64,
         always: bool,
     ) -> Result<(Vec<Move>, u64)> {
+        let LatestTarget {
+            store,
+            prefix,
+            staging,
+            generation,
+            props,
+            file_bytes,
+        } = target;
+        let (prefix, file_bytes) = (prefix.as_deref(), *file_bytes);
         let stem = format!("{generation:08}-{bucket:04}");
-        self.write_files(store, prefix, staging, &stem, props, file_bytes, always)
-            .await
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn write_files(
-        &self,
-        store: &Arc<dyn ObjectStore>,
-        prefix: Option<&str>,
-        staging: &str,
-        stem: &str,
-        props: &WriterProperties,
-        file_bytes: u64,
-        always: bool,
-    ) -> Result<(Vec<Move>, u64)> {
         let schema = latest_schema(&self.shape);
         let dir = table_dir(prefix, staging, &self.shape);
         let final_dir = table_dir(prefix, "latest", &self.shape);
@@ -380,12 +347,8 @@ impl LatestView {
             columns.push(Arc::new(
                 chunk.iter().map(|k| Some(&***k)).collect::<StringArray>(),
             ));
-            let batch = RecordBatch::try_new(Arc::clone(&schema), columns).map_err(|e| {
-                Error::fatal(
-                    format!("cannot build a batch of {}: {e}", f.key),
-                    "this is a bug in waltail; please report it",
-                )
-            })?;
+            let batch = RecordBatch::try_new(Arc::clone(&schema), columns)
+                .map_err(|e| Error::bug(format!("cannot build a batch of {}: {e}", f.key)))?;
             f.write(&batch).await?;
         }
         // An empty table still gets a file, so readers find its columns.
@@ -415,6 +378,18 @@ impl LatestView {
             .collect();
         Ok((moves, bytes))
     }
+}
+
+/// Where and how a run writes its new latest generation.
+#[derive(Clone)]
+pub struct LatestTarget {
+    pub store: Arc<dyn ObjectStore>,
+    pub prefix: Option<String>,
+    /// The folder files are written to before they are published.
+    pub staging: String,
+    pub generation: u64,
+    pub props: WriterProperties,
+    pub file_bytes: u64,
 }
 
 /// The bucket a latest-view file holds, from its name:
@@ -494,7 +469,7 @@ pub async fn merge_bucket(
                         _ => None,
                     };
                     let Some(from) = moved_from else {
-                        view.apply(&c);
+                        view.apply(Arc::unwrap_or_clone(c));
                         continue;
                     };
                     let carried = if c.cells.contains(&Cell::Absent) {
@@ -514,7 +489,7 @@ pub async fn merge_bucket(
                     } else {
                         None
                     };
-                    view.apply_moved_in(&c, carried);
+                    view.apply_moved_in(Arc::unwrap_or_clone(c), carried);
                 }
             }
         }
@@ -529,7 +504,7 @@ mod tests {
     fn view() -> LatestView {
         LatestView {
             shape: Arc::new(TableShape::test_t()),
-            rows: HashMap::new(),
+            rows: HashMap::default(),
         }
     }
 
@@ -556,16 +531,16 @@ mod tests {
     #[test]
     fn unchanged_toast_is_carried_forward_even_across_a_key_change() {
         let mut v = view();
-        v.apply(&change(
+        v.apply(change(
             ChangeOp::Upsert,
             1,
             1,
             Cell::Str("big".into()),
             None,
         ));
-        v.apply(&change(ChangeOp::Upsert, 2, 1, Cell::Absent, None));
+        v.apply(change(ChangeOp::Upsert, 2, 1, Cell::Absent, None));
         assert_eq!(doc(&v, 1), Some(Cell::Str("big".into())));
-        v.apply(&change(ChangeOp::Upsert, 3, 2, Cell::Absent, Some(1)));
+        v.apply(change(ChangeOp::Upsert, 3, 2, Cell::Absent, Some(1)));
         assert_eq!(doc(&v, 1), None, "the old key's row is gone");
         assert_eq!(doc(&v, 2), Some(Cell::Str("big".into())));
         assert_eq!(v.rows[r#"{"id":2}"#].seq, 3);
@@ -574,31 +549,31 @@ mod tests {
     #[test]
     fn deletes_and_truncates_remove_rows() {
         let mut v = view();
-        v.apply(&change(ChangeOp::Upsert, 1, 1, Cell::Null, None));
-        v.apply(&change(ChangeOp::Upsert, 2, 2, Cell::Null, None));
-        v.apply(&change(ChangeOp::Delete, 3, 1, Cell::Null, None));
+        v.apply(change(ChangeOp::Upsert, 1, 1, Cell::Null, None));
+        v.apply(change(ChangeOp::Upsert, 2, 2, Cell::Null, None));
+        v.apply(change(ChangeOp::Delete, 3, 1, Cell::Null, None));
         assert_eq!(v.len(), 1);
         let mut t = change(ChangeOp::Truncate, 4, 0, Cell::Null, None);
         t.key = None;
-        v.apply(&t);
+        v.apply(t);
         assert!(v.is_empty());
         // A row inserted after the truncate stays.
-        v.apply(&change(ChangeOp::Upsert, 5, 7, Cell::Null, None));
+        v.apply(change(ChangeOp::Upsert, 5, 7, Cell::Null, None));
         assert_eq!(v.len(), 1);
     }
 
     #[test]
     fn an_update_to_a_deleted_rows_toasted_column_does_not_resurrect_its_value() {
         let mut v = view();
-        v.apply(&change(
+        v.apply(change(
             ChangeOp::Upsert,
             1,
             1,
             Cell::Str("big".into()),
             None,
         ));
-        v.apply(&change(ChangeOp::Delete, 2, 1, Cell::Null, None));
-        v.apply(&change(ChangeOp::Upsert, 3, 1, Cell::Absent, None));
+        v.apply(change(ChangeOp::Delete, 2, 1, Cell::Null, None));
+        v.apply(change(ChangeOp::Upsert, 3, 1, Cell::Absent, None));
         assert_eq!(doc(&v, 1), Some(Cell::Null));
     }
 }

@@ -32,7 +32,7 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -261,12 +261,10 @@ async fn run(
                     .unwrap_or_default()
                     .to_string(),
             );
-            let lines = objects.recv().await.unwrap_or_else(|| {
-                Err(Error::fatal(
-                    "the archive reader stopped early",
-                    "this is a bug in waltail; please report it",
-                ))
-            })?;
+            let lines = objects
+                .recv()
+                .await
+                .unwrap_or_else(|| Err(Error::bug("the archive reader stopped early")))?;
             for parsed in lines {
                 if parsed.seq < object.from_seq {
                     // A repeat of a change compacted from an earlier object.
@@ -282,7 +280,8 @@ async fn run(
                 }
                 let shape = &shape;
                 let table = shape.table.clone();
-                spool.push(shape, &change)?;
+                let change = Arc::new(change);
+                spool.push(shape, &change).await?;
                 let hist = match open.get_mut(&table) {
                     Some(h) => h,
                     None => {
@@ -313,12 +312,21 @@ async fn run(
         }
     }
     bar.finish_and_clear();
+    tracing::debug!(elapsed = ?started.elapsed(), "read and wrote the history");
 
-    spool.flush()?;
+    spool.finish().await?;
+    tracing::debug!(elapsed = ?started.elapsed(), "spool written");
 
     // The new latest generation of every table that changed, or that has
     // no latest view yet, merged bucket by bucket.
-    let staging = format!("{STAGING}/{:08}", plan.generation);
+    let target = latest::LatestTarget {
+        store: Arc::clone(&store),
+        prefix: prefix.map(str::to_string),
+        staging: format!("{STAGING}/{:08}", plan.generation),
+        generation: plan.generation,
+        props: props.clone(),
+        file_bytes: config.compact.file_bytes,
+    };
     let mut moves = Vec::new();
     for table in &plan.tables {
         let shape = &shapes[table];
@@ -339,25 +347,30 @@ async fn run(
         };
         let mut moved = HashMap::new();
         let (mut files, mut rows) = (Vec::new(), 0u64);
-        for bucket in 0..buckets {
-            let view = merge_bucket(&input, bucket, None, &mut moved).await?;
+        // A bucket is written (Parquet encoding) on a task of its own while
+        // the next one is merged; one at a time, so memory holds two.
+        let mut writing: Option<tokio::task::JoinHandle<Result<Written>>> = None;
+        for bucket in 0..=buckets {
+            let view = match bucket < buckets {
+                true => Some(merge_bucket(&input, bucket, None, &mut moved).await?),
+                false => None, // only the last write to wait for
+            };
+            if let Some(task) = writing.take() {
+                let (written, bytes, len) = task
+                    .await
+                    .map_err(|e| Error::bug(format!("the latest view writer failed: {e}")))??;
+                rows += len as u64;
+                summary.latest_bytes += bytes;
+                files.extend(written);
+            }
+            let Some(view) = view else { break };
             // An empty table still gets one file, so readers find its columns.
             let always = bucket + 1 == buckets && files.is_empty();
-            let (written, bytes) = view
-                .write_bucket(
-                    &store,
-                    prefix,
-                    &staging,
-                    plan.generation,
-                    bucket,
-                    &props,
-                    config.compact.file_bytes,
-                    always,
-                )
-                .await?;
-            rows += view.len() as u64;
-            summary.latest_bytes += bytes;
-            files.extend(written);
+            let target = target.clone();
+            writing = Some(tokio::spawn(async move {
+                let (written, bytes) = view.write_bucket(&target, bucket, always).await?;
+                Ok((written, bytes, view.len()))
+            }));
         }
         let entry = manifest.tables.entry(table.clone()).or_default();
         summary.latest_files += files.len();
@@ -366,6 +379,7 @@ async fn run(
         entry.latest_rows = rows;
         entry.buckets = buckets;
         moves.extend(files);
+        tracing::debug!(%table, buckets, elapsed = ?started.elapsed(), "merged the latest view");
     }
     drop(spool);
     let last_date = plan.files.last().map(|f| f.date.clone());
@@ -388,12 +402,20 @@ async fn run(
     Ok(summary)
 }
 
-/// Objects read and parsed ahead of the writer: the NDJSON parse runs on
-/// one core while history, spool and Parquet encoding run on the other.
+/// A written bucket of a latest view: its files, bytes and rows.
+type Written = (Vec<manifest::Move>, u64, usize);
+
+/// Objects read and parsed ahead of the writer.
 const READ_AHEAD: usize = 4;
 
-/// Reads and types the plan's objects, in plan order, on a task of its own
-/// ([`READ_AHEAD`] objects ahead); stops when the receiver is dropped.
+/// Objects fetched and parsed at once, each on a task of its own, so the
+/// NDJSON parse (a third of compact's CPU) uses every core the history and
+/// spool writers leave free; their order is kept.
+const PARSERS: usize = 2;
+
+/// Reads and types the plan's objects, in plan order, [`PARSERS`] at a time
+/// and [`READ_AHEAD`] objects ahead of the writer; stops when the receiver
+/// is dropped.
 fn read_ahead(
     store: &Arc<dyn ObjectStore>,
     plan: &Plan,
@@ -407,25 +429,21 @@ fn read_ahead(
         .iter()
         .flat_map(|f| f.objects.iter().map(|o| o.key.clone()))
         .collect();
+    let shapes = Arc::new(shapes);
     let task = tokio::spawn(async move {
-        for key in keys {
-            let lines = async {
-                let body = listing::get(store.as_ref(), &ObjectPath::from(key.as_str())).await?;
-                let mut lines = Vec::new();
-                for (n, line) in body.split(|&b| b == b'\n').enumerate() {
-                    if line.is_empty() {
-                        continue;
-                    }
-                    lines.push(read::type_line(&shapes, line).map_err(|what| {
-                        Error::fatal(
-                            format!("{key} line {}: {what}", n + 1),
-                            "archive objects are written by `waltail run`; restore this one from a copy, or move it away and compact again",
-                        )
-                    })?);
+        let mut parsed = futures::stream::iter(keys)
+            .map(|key| {
+                let (store, shapes) = (Arc::clone(&store), Arc::clone(&shapes));
+                async move {
+                    let body =
+                        listing::get(store.as_ref(), &ObjectPath::from(key.as_str())).await?;
+                    tokio::spawn(async move { parse_object(&shapes, &key, &body) })
+                        .await
+                        .map_err(|e| Error::bug(format!("the archive reader failed: {e}")))?
                 }
-                Ok(lines)
-            }
-            .await;
+            })
+            .buffered(PARSERS);
+        while let Some(lines) = parsed.next().await {
             let failed = lines.is_err();
             if tx.send(lines).await.is_err() || failed {
                 return;
@@ -433,6 +451,27 @@ fn read_ahead(
         }
     });
     ReadAhead { rx, task }
+}
+
+/// The typed lines of one object; an error names the object and the line.
+fn parse_object(
+    shapes: &HashMap<String, Arc<TableShape>>,
+    key: &str,
+    body: &[u8],
+) -> Result<Vec<read::Line>> {
+    let mut lines = Vec::new();
+    for (n, line) in body.split(|&b| b == b'\n').enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        lines.push(read::type_line(shapes, line).map_err(|what| {
+            Error::fatal(
+                format!("{key} line {}: {what}", n + 1),
+                "archive objects are written by `waltail run`; restore this one from a copy, or move it away and compact again",
+            )
+        })?);
+    }
+    Ok(lines)
 }
 
 /// The typed lines of each object, in plan order.

@@ -76,7 +76,8 @@ pub fn bucket_of(key: &str, buckets: u32) -> u32 {
 #[derive(Debug, Clone)]
 pub enum Step {
     /// A change whose key (or, for a truncate, every key) is in the bucket.
-    Change(TypedChange),
+    /// Shared with the history writer, which holds the same change.
+    Change(Arc<TypedChange>),
     /// At `seq` the row under `from` moved to the key `to` (an update of the
     /// key). `carry`: that update left columns out, so the row's values are
     /// needed where `to` is merged.
@@ -141,11 +142,16 @@ pub struct TableSpool {
 
 /// Every table's spool of a run.
 pub struct Spool {
-    dir: tempfile::TempDir,
+    /// Shared with the writer of a round, so that the folder outlives it
+    /// when the spool is dropped mid-write (an error).
+    dir: Arc<tempfile::TempDir>,
     tables: BTreeMap<String, TableSpool>,
     buffered: usize,
     /// Rounds written so far.
     rounds: u32,
+    /// The round being written out, on a blocking thread of its own while
+    /// the next one fills (at most one: memory holds two rounds' buffers).
+    writing: Option<tokio::task::JoinHandle<Result<()>>>,
 }
 
 fn spool_schema(shape: &TableShape) -> SchemaRef {
@@ -195,10 +201,11 @@ impl Spool {
             .tempdir()
             .map_err(|e| Error::io("cannot create the compaction spool folder under TMPDIR", e))?;
         Ok(Spool {
-            dir,
+            dir: Arc::new(dir),
             tables: BTreeMap::new(),
             buffered: 0,
             rounds: 0,
+            writing: None,
         })
     }
 
@@ -209,7 +216,7 @@ impl Spool {
 
     /// Adds one change (changes come in seq order). Changes of a table
     /// without key are not merged into a latest view: skipped.
-    pub fn push(&mut self, shape: &Arc<TableShape>, change: &TypedChange) -> Result<()> {
+    pub async fn push(&mut self, shape: &Arc<TableShape>, change: &Arc<TypedChange>) -> Result<()> {
         if shape.key.is_empty() {
             return Ok(());
         }
@@ -235,13 +242,13 @@ impl Spool {
         match (change.op, change.key.as_deref()) {
             (ChangeOp::Truncate, _) => {
                 for b in &mut t.buffers {
-                    b.push(Step::Change(change.clone()));
+                    b.push(Step::Change(Arc::clone(change)));
                 }
                 self.buffered += size * PARTITIONS as usize;
             }
             (_, None) => return Ok(()), // no key to place it by: nothing to merge
             (op, Some(key)) => {
-                t.buffers[partition(key)].push(Step::Change(change.clone()));
+                t.buffers[partition(key)].push(Step::Change(Arc::clone(change)));
                 self.buffered += size;
                 if op == ChangeOp::Upsert {
                     t.upserts += 1;
@@ -260,17 +267,20 @@ impl Spool {
         }
         t.changes += 1;
         if self.buffered >= BUFFER_BYTES {
-            self.flush()?;
+            self.flush().await?;
         }
         Ok(())
     }
 
-    /// Writes every buffered row out as one round of files.
-    pub fn flush(&mut self) -> Result<()> {
+    /// Starts writing every buffered row out as one round of files, once
+    /// the previous round is written.
+    pub async fn flush(&mut self) -> Result<()> {
         if self.buffered == 0 {
             return Ok(());
         }
+        self.settle().await?;
         let round = self.rounds;
+        let mut work = Vec::new();
         for t in self.tables.values_mut() {
             for p in 0..PARTITIONS as usize {
                 if t.buffers[p].is_empty() {
@@ -278,13 +288,38 @@ impl Spool {
                 }
                 let steps = std::mem::take(&mut t.buffers[p]);
                 let path = self.dir.path().join(format!("{}-{p}-{round}.arrow", t.id));
-                write_steps(&t.shape, &t.schema, &steps, &path)?;
-                t.files[p].push((round, path));
+                t.files[p].push((round, path.clone()));
+                work.push((Arc::clone(&t.shape), Arc::clone(&t.schema), steps, path));
             }
         }
+        let dir = Arc::clone(&self.dir);
+        self.writing = Some(tokio::task::spawn_blocking(move || {
+            let _dir = dir;
+            for (shape, schema, steps, path) in work {
+                write_steps(&shape, &schema, &steps, &path)?;
+            }
+            Ok(())
+        }));
         self.rounds += 1;
         self.buffered = 0;
         Ok(())
+    }
+
+    /// Writes out what is buffered and waits until every round is on disk:
+    /// call before reading the spool back.
+    pub async fn finish(&mut self) -> Result<()> {
+        self.flush().await?;
+        self.settle().await
+    }
+
+    /// Waits for the round being written, if any.
+    async fn settle(&mut self) -> Result<()> {
+        match self.writing.take() {
+            Some(task) => task
+                .await
+                .map_err(|e| Error::bug(format!("the spool writer failed: {e}")))?,
+            None => Ok(()),
+        }
     }
 
     /// The files of bucket `bucket` of `buckets` of `table`, grouped by
@@ -339,7 +374,7 @@ fn write_steps(
     let changes: Vec<Option<&TypedChange>> = steps
         .iter()
         .map(|s| match s {
-            Step::Change(c) => Some(c),
+            Step::Change(c) => Some(&**c),
             Step::MoveOut { .. } => None,
         })
         .collect();
@@ -482,7 +517,7 @@ fn read_steps(shape: &TableShape, path: &PathBuf, out: &mut Vec<Step>) -> Result
                 1 => ChangeOp::Delete,
                 _ => ChangeOp::Truncate,
             };
-            out.push(Step::Change(TypedChange {
+            out.push(Step::Change(Arc::new(TypedChange {
                 op_name: String::new(),
                 op,
                 seq,
@@ -492,7 +527,7 @@ fn read_steps(shape: &TableShape, path: &PathBuf, out: &mut Vec<Step>) -> Result
                 cells: row,
                 old: None,
                 unchanged: None,
-            }));
+            })));
         }
     }
     Ok(())
@@ -506,8 +541,8 @@ mod tests {
         Arc::new(TableShape::test_t())
     }
 
-    fn change(op: ChangeOp, seq: u64, id: i64, doc: Cell, old: Option<i64>) -> TypedChange {
-        TypedChange {
+    fn change(op: ChangeOp, seq: u64, id: i64, doc: Cell, old: Option<i64>) -> Arc<TypedChange> {
+        Arc::new(TypedChange {
             op_name: String::new(),
             op,
             seq,
@@ -517,7 +552,7 @@ mod tests {
             cells: vec![Cell::Int(id), doc],
             old: None,
             unchanged: None,
-        }
+        })
     }
 
     #[test]
@@ -527,8 +562,8 @@ mod tests {
         assert_eq!(key_hash(r#"{"id":1}"#), 10197414254594627533);
     }
 
-    #[test]
-    fn every_change_comes_back_once_in_its_bucket_in_seq_order() {
+    #[tokio::test]
+    async fn every_change_comes_back_once_in_its_bucket_in_seq_order() {
         let shape = shape();
         let mut spool = Spool::new().unwrap();
         let mut seq = 0;
@@ -542,14 +577,16 @@ mod tests {
                     &shape,
                     &change(ChangeOp::Upsert, next(), id, Cell::Str("x".into()), None),
                 )
+                .await
                 .unwrap();
             if id == 150 {
-                spool.flush().unwrap(); // a second round
+                spool.flush().await.unwrap(); // a second round
                 spool
                     .push(
                         &shape,
                         &change(ChangeOp::Truncate, next(), 0, Cell::Null, None),
                     )
+                    .await
                     .unwrap();
             }
         }
@@ -558,8 +595,9 @@ mod tests {
                 &shape,
                 &change(ChangeOp::Upsert, next(), 7, Cell::Absent, Some(299)),
             )
+            .await
             .unwrap();
-        spool.flush().unwrap();
+        spool.finish().await.unwrap();
         for buckets in [1, 4, 32, 128] {
             let mut seen = Vec::new();
             let mut truncates = 0;

@@ -368,12 +368,7 @@ async fn apply_tail(
                 let body = listing::get(store.as_ref(), &ObjectPath::from(o.key.as_str())).await?;
                 tokio::task::spawn_blocking(move || typed_changes(&shape, &o, &body, &bounds))
                     .await
-                    .map_err(|e| {
-                        Error::fatal(
-                            format!("parsing an archive object stopped: {e}"),
-                            "this is a bug in waltail; please report it",
-                        )
-                    })?
+                    .map_err(|e| Error::bug(format!("parsing an archive object stopped: {e}")))?
             }
         })
         .buffered(FETCH_AHEAD);

@@ -491,12 +491,8 @@ fn object_batch(
             columns
         }
     };
-    RecordBatch::try_new(Arc::clone(schema), columns).map_err(|e| {
-        Error::fatal(
-            format!("cannot build the rows of {}: {e}", o.key),
-            "this is a bug in waltail; please report it",
-        )
-    })
+    RecordBatch::try_new(Arc::clone(schema), columns)
+        .map_err(|e| Error::bug(format!("cannot build the rows of {}: {e}", o.key)))
 }
 
 /// The changes of `shape`'s table in one object, typed.
