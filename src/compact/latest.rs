@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -405,29 +405,34 @@ pub fn file_bucket(key: &str) -> u32 {
     }
 }
 
-/// What a bucket merge reads: the previous generation and the run's spool.
-pub struct MergeInput<'a> {
-    pub ctx: &'a SessionContext,
-    pub shape: &'a Arc<TableShape>,
+/// What the bucket merges of one table read: the previous generation and
+/// the run's spool. Shared by the merges running at once.
+pub struct MergeInput {
+    pub ctx: SessionContext,
+    pub shape: Arc<TableShape>,
     /// The previous generation's files and its bucket count.
-    pub previous: &'a [String],
+    pub previous: Vec<String>,
     pub previous_buckets: u32,
-    pub spool: &'a Spool,
+    pub spool: Arc<Spool>,
     /// The bucket count of this merge (a multiple of `previous_buckets`).
     pub buckets: u32,
+    /// By seq, the old row of each update that moved a row across buckets
+    /// leaving columns out; filled as buckets are merged, and by replaying
+    /// the old key's bucket up to that update when it was not merged that
+    /// far yet. Only such updates use it; when the spool holds any
+    /// (`TableSpool::carried_moves`) buckets are merged one at a time, in
+    /// order, so that only moves from a later bucket cost a replay (merged
+    /// at once, most would).
+    pub moved: Mutex<HashMap<u64, Option<Vec<Cell>>>>,
 }
 
 /// The latest view of bucket `bucket`: the previous generation's rows of
 /// the bucket with the run's changes of the bucket applied in seq order,
-/// those before seq `until` only when it is given. `moved` holds, by seq,
-/// the old row of each update that moved a row across buckets leaving
-/// columns out; filled as buckets are merged, and by replaying a bucket
-/// that comes later in the merge when a value is needed before.
+/// those before seq `until` only when it is given.
 pub async fn merge_bucket(
-    input: &MergeInput<'_>,
+    input: &MergeInput,
     bucket: u32,
     until: Option<u64>,
-    moved: &mut HashMap<u64, Option<Vec<Cell>>>,
 ) -> Result<LatestView> {
     let n = input.buckets;
     let previous_bucket = bucket & (input.previous_buckets.max(1) - 1);
@@ -438,7 +443,7 @@ pub async fn merge_bucket(
         .cloned()
         .collect();
     let mut view =
-        LatestView::load_bucket(input.ctx, Arc::clone(input.shape), &files, bucket, n).await?;
+        LatestView::load_bucket(&input.ctx, Arc::clone(&input.shape), &files, bucket, n).await?;
     let table = &input.shape.table;
     let rounds: Vec<Vec<PathBuf>> = input.spool.rounds(table, bucket, n);
     for files in rounds {
@@ -458,7 +463,7 @@ pub async fn merge_bucket(
                     }
                     let row = view.remove(&from);
                     if carry {
-                        moved.insert(seq, row);
+                        input.moved.lock().expect("not poisoned").insert(seq, row);
                     }
                 }
                 Step::Change(c) => {
@@ -473,16 +478,26 @@ pub async fn merge_bucket(
                         continue;
                     };
                     let carried = if c.cells.contains(&Cell::Absent) {
-                        match moved.get(&c.seq) {
-                            Some(row) => row.clone(),
+                        let known = input
+                            .moved
+                            .lock()
+                            .expect("not poisoned")
+                            .get(&c.seq)
+                            .cloned();
+                        match known {
+                            Some(row) => row,
                             None => {
                                 // The old key's bucket is merged later:
                                 // replay it up to this change.
                                 let old = c.old_key.as_deref().expect("matched above");
                                 let before =
-                                    Box::pin(merge_bucket(input, from, Some(c.seq), moved)).await?;
+                                    Box::pin(merge_bucket(input, from, Some(c.seq))).await?;
                                 let row = before.get(old).map(<[Cell]>::to_vec);
-                                moved.insert(c.seq, row.clone());
+                                input
+                                    .moved
+                                    .lock()
+                                    .expect("not poisoned")
+                                    .insert(c.seq, row.clone());
                                 row
                             }
                         }

@@ -315,6 +315,7 @@ async fn run(
     tracing::debug!(elapsed = ?started.elapsed(), "read and wrote the history");
 
     spool.finish().await?;
+    let spool = Arc::new(spool);
     tracing::debug!(elapsed = ?started.elapsed(), "spool written");
 
     // The new latest generation of every table that changed, or that has
@@ -337,40 +338,51 @@ async fn run(
             continue;
         }
         let buckets = bucket_count(&entry, spooled, config.compact.merge_bytes);
-        let input = MergeInput {
-            ctx: &ctx,
-            shape,
-            previous: &entry.latest,
-            previous_buckets: entry.bucket_count(),
-            spool: &spool,
-            buckets,
+        // Buckets are merged and written MERGERS at a time, each on a task
+        // of its own (memory holds that many buckets); one at a time when
+        // an update carried values across buckets, which would otherwise
+        // cost replays (see MergeInput::moved).
+        let mergers = match spooled.is_some_and(|s| s.carried_moves > 0) {
+            true => 1,
+            false => MERGERS,
         };
-        let mut moved = HashMap::new();
+        let input = Arc::new(MergeInput {
+            ctx: ctx.clone(),
+            shape: Arc::clone(shape),
+            previous: entry.latest.clone(),
+            previous_buckets: entry.bucket_count(),
+            spool: Arc::clone(&spool),
+            buckets,
+            moved: Default::default(),
+        });
+        let merged: Vec<Written> = futures::stream::iter(0..buckets)
+            .map(|bucket| {
+                let (input, target) = (Arc::clone(&input), target.clone());
+                let task = tokio::spawn(async move {
+                    let view = merge_bucket(&input, bucket, None).await?;
+                    let (written, bytes) = view.write_bucket(&target, bucket, false).await?;
+                    Ok::<Written, Error>((written, bytes, view.len()))
+                });
+                async move {
+                    task.await
+                        .map_err(|e| Error::bug(format!("a latest view merge failed: {e}")))?
+                }
+            })
+            .buffered(mergers)
+            .try_collect()
+            .await?;
         let (mut files, mut rows) = (Vec::new(), 0u64);
-        // A bucket is written (Parquet encoding) on a task of its own while
-        // the next one is merged; one at a time, so memory holds two.
-        let mut writing: Option<tokio::task::JoinHandle<Result<Written>>> = None;
-        for bucket in 0..=buckets {
-            let view = match bucket < buckets {
-                true => Some(merge_bucket(&input, bucket, None, &mut moved).await?),
-                false => None, // only the last write to wait for
-            };
-            if let Some(task) = writing.take() {
-                let (written, bytes, len) = task
-                    .await
-                    .map_err(|e| Error::bug(format!("the latest view writer failed: {e}")))??;
-                rows += len as u64;
-                summary.latest_bytes += bytes;
-                files.extend(written);
-            }
-            let Some(view) = view else { break };
+        for (written, bytes, len) in merged {
+            rows += len as u64;
+            summary.latest_bytes += bytes;
+            files.extend(written);
+        }
+        if files.is_empty() {
             // An empty table still gets one file, so readers find its columns.
-            let always = bucket + 1 == buckets && files.is_empty();
-            let target = target.clone();
-            writing = Some(tokio::spawn(async move {
-                let (written, bytes) = view.write_bucket(&target, bucket, always).await?;
-                Ok((written, bytes, view.len()))
-            }));
+            let empty = latest::LatestView::empty(Arc::clone(shape));
+            let (written, bytes) = empty.write_bucket(&target, buckets - 1, true).await?;
+            summary.latest_bytes += bytes;
+            files.extend(written);
         }
         let entry = manifest.tables.entry(table.clone()).or_default();
         summary.latest_files += files.len();
@@ -404,6 +416,9 @@ async fn run(
 
 /// A written bucket of a latest view: its files, bytes and rows.
 type Written = (Vec<manifest::Move>, u64, usize);
+
+/// Buckets of a latest view merged at once.
+const MERGERS: usize = 2;
 
 /// Objects read and parsed ahead of the writer.
 const READ_AHEAD: usize = 4;

@@ -138,6 +138,10 @@ pub struct TableSpool {
     pub upserts: u64,
     /// The sum of [`row_bytes`] over the upserts.
     pub upsert_bytes: u64,
+    /// Updates that moved a row to a key of another bucket leaving columns
+    /// out: their merge needs the old row from that bucket, so buckets are
+    /// then merged one after the other (see `latest::MergeInput::moved`).
+    pub carried_moves: u64,
 }
 
 /// Every table's spool of a run.
@@ -233,6 +237,7 @@ impl Spool {
                     changes: 0,
                     upserts: 0,
                     upsert_bytes: 0,
+                    carried_moves: 0,
                 },
             );
         }
@@ -254,11 +259,13 @@ impl Spool {
                     t.upserts += 1;
                     t.upsert_bytes += size as u64;
                     if let Some(old) = change.old_key.as_deref().filter(|o| *o != key) {
+                        let carry = change.cells.contains(&Cell::Absent);
+                        t.carried_moves += carry as u64;
                         t.buffers[partition(old)].push(Step::MoveOut {
                             seq: change.seq,
                             from: old.to_string(),
                             to: key.to_string(),
-                            carry: change.cells.contains(&Cell::Absent),
+                            carry,
                         });
                         self.buffered += 64 + old.len() + key.len();
                     }
