@@ -718,7 +718,11 @@ async fn merged_bucket_by_bucket_equals_merged_whole(moves_leave_out: bool) {
         .collect();
     assert!(moves.len() > 200, "key moves: {}", moves.len());
     let leaving_out = moves.iter().filter(|l| !l.contains(r#""doc""#)).count();
-    assert_eq!(leaving_out > 50, moves_leave_out, "{leaving_out} leave doc out");
+    assert_eq!(
+        leaving_out > 50,
+        moves_leave_out,
+        "{leaving_out} leave doc out"
+    );
 
     let whole = tempfile::tempdir().unwrap();
     let bucketed = tempfile::tempdir().unwrap();

@@ -162,6 +162,9 @@ pub fn parquet_error(key: &str, e: parquet::errors::ParquetError) -> Error {
     }
 }
 
+/// A buffer of changes to write.
+type Rows = Vec<Arc<TypedChange>>;
+
 /// One table's history file of a planned group, opened at its first change.
 ///
 /// A full buffer of rows is converted and encoded (Parquet, zstd: a fifth
@@ -174,9 +177,9 @@ pub struct HistoryFile {
     /// The file, unless the encoding task has it.
     file: Option<ParquetFile>,
     /// Shared with the spool, which holds the same changes.
-    rows: Vec<Arc<TypedChange>>,
+    rows: Rows,
     /// The buffer being encoded; gives back the file and the emptied buffer.
-    encoding: Option<tokio::task::JoinHandle<Result<(ParquetFile, Vec<Arc<TypedChange>>)>>>,
+    encoding: Option<tokio::task::JoinHandle<Result<(ParquetFile, Rows)>>>,
 }
 
 impl HistoryFile {
@@ -226,7 +229,7 @@ impl HistoryFile {
     }
 
     /// Waits for the encoding task, if any: the file and an empty buffer.
-    async fn settle(&mut self) -> Result<(ParquetFile, Vec<Arc<TypedChange>>)> {
+    async fn settle(&mut self) -> Result<(ParquetFile, Rows)> {
         match self.encoding.take() {
             Some(task) => task
                 .await
