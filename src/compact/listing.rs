@@ -11,6 +11,7 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
 use super::manifest::Manifest;
 use super::typing::SchemaRecord;
+use crate::error::Disposition;
 use crate::{Error, Result};
 
 /// One archive object, `[prefix/]YYYY/MM/DD/<pipeline>-<first>-<last>.ndjson`.
@@ -292,15 +293,43 @@ pub async fn load_schemas(
 }
 
 /// Reads a whole object.
+///
+/// The client's own retries (see `compact::store_retry`) leave out some
+/// transport errors (a connection reset while a request is sent is of an
+/// "unknown" kind to it), and a body cut off mid-read is retried only with
+/// what is left of the first request's budget: so a GET whose error is
+/// transient is started again here, for the same 2 minutes, waiting from
+/// 100 ms to 5 s between tries.
 pub async fn get(store: &dyn ObjectStore, path: &ObjectPath) -> Result<bytes::Bytes> {
-    let got = store
-        .get(path)
-        .await
-        .map_err(|e| Error::store("GET", path.to_string(), e))?;
-    got.bytes()
-        .await
-        .map_err(|e| Error::store("GET", path.to_string(), e))
+    let started = std::time::Instant::now();
+    let mut wait = std::time::Duration::from_millis(100);
+    loop {
+        let got = async {
+            store
+                .get(path)
+                .await
+                .map_err(|e| Error::store("GET", path.to_string(), e))?
+                .bytes()
+                .await
+                .map_err(|e| Error::store("GET", path.to_string(), e))
+        }
+        .await;
+        match got {
+            Err(e)
+                if e.disposition() == Disposition::Retry
+                    && started.elapsed() + wait < GET_RETRY_FOR =>
+            {
+                tracing::info!(%path, error = %crate::error::Report(&e), ?wait, "GET failed; trying again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(5));
+            }
+            got => return got,
+        }
+    }
 }
+
+/// How long a GET of an archive object is tried again (see [`get`]).
+const GET_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 #[cfg(test)]
 mod tests {
