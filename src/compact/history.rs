@@ -22,6 +22,7 @@ use parquet::basic::{GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 
+use super::Task;
 use super::read::TypedChange;
 use super::typing::{TableShape, build_array};
 use crate::config::{CompactConfig, Compression};
@@ -47,8 +48,9 @@ pub fn writer_properties(config: &CompactConfig) -> WriterProperties {
         .set_max_row_group_row_count(Some(config.row_group_rows));
     // Values that (nearly) never repeat: a dictionary would only be built
     // to be dropped once it outgrows its page (parquet's interner showed as
-    // 4% of compact's CPU). The other columns keep parquet's default.
-    for unique in ["_seq", "_lsn", "_key", "_old"] {
+    // 4% of compact's CPU). The other columns keep parquet's default, `_lsn`
+    // too: every change of a transaction has its commit's.
+    for unique in ["_seq", "_key", "_old"] {
         builder = builder.set_column_dictionary_enabled(ColumnPath::from(unique), false);
     }
     builder.build()
@@ -179,7 +181,7 @@ pub struct HistoryFile {
     /// Shared with the spool, which holds the same changes.
     rows: Rows,
     /// The buffer being encoded; gives back the file and the emptied buffer.
-    encoding: Option<tokio::task::JoinHandle<Result<(ParquetFile, Rows)>>>,
+    encoding: Option<Task<Result<(ParquetFile, Rows)>>>,
 }
 
 impl HistoryFile {
@@ -216,7 +218,7 @@ impl HistoryFile {
         let (mut file, spare) = self.settle().await?;
         let rows = std::mem::replace(&mut self.rows, spare);
         let (shape, schema) = (Arc::clone(&self.shape), Arc::clone(&self.schema));
-        self.encoding = Some(tokio::spawn(async move {
+        self.encoding = Some(Task::spawn(async move {
             let columns = history_columns(&shape, &rows);
             let batch = RecordBatch::try_new(schema, columns)
                 .map_err(|e| Error::bug(format!("cannot build a batch of {}: {e}", file.key)))?;
@@ -230,16 +232,13 @@ impl HistoryFile {
 
     /// Waits for the encoding task, if any: the file and an empty buffer.
     async fn settle(&mut self) -> Result<(ParquetFile, Rows)> {
-        match self.encoding.take() {
-            Some(task) => task
-                .await
-                .map_err(|e| Error::bug(format!("the history encoder failed: {e}")))?,
-            None => Ok((
-                self.file
-                    .take()
-                    .expect("the file is here when no task has it"),
-                Vec::with_capacity(BATCH_ROWS),
-            )),
+        match (self.encoding.take(), self.file.take()) {
+            (Some(task), _) => task.join("the history encoder").await?,
+            (None, Some(file)) => Ok((file, Vec::with_capacity(BATCH_ROWS))),
+            (None, None) => Err(Error::bug(format!(
+                "the history file of {} was used after it failed",
+                self.shape.table
+            ))),
         }
     }
 
@@ -276,4 +275,62 @@ pub fn history_columns<R: Borrow<TypedChange>>(shape: &TableShape, rows: &[R]) -
     columns.push(text(&|r| r.old.as_deref()));
     columns.push(text(&|r| r.unchanged.as_deref()));
     columns
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compact::read::ChangeOp;
+    use crate::compact::typing::Cell;
+    use arrow::array::AsArray;
+    use arrow::datatypes::Int64Type;
+    use object_store::ObjectStoreExt;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    #[tokio::test]
+    async fn a_file_of_several_buffers_holds_every_change_once_in_order() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let shape = Arc::new(TableShape::test_t());
+        let props = writer_properties(&crate::config::CompactConfig::default());
+        let mut file = HistoryFile::create(&store, "h.parquet".into(), shape, props).unwrap();
+        // Past two full buffers: the second waits for the first's encoder.
+        let n = 2 * BATCH_ROWS as u64 + 1;
+        for seq in 1..=n {
+            let change = TypedChange {
+                op_name: "insert".into(),
+                op: ChangeOp::Upsert,
+                seq,
+                lsn: format!("0/{seq:X}"),
+                key: Some(format!(r#"{{"id":{seq}}}"#)),
+                old_key: None,
+                cells: vec![
+                    Cell::Int(seq as i64),
+                    Cell::Str(format!("doc {seq}").into()),
+                ],
+                old: None,
+                unchanged: None,
+            };
+            file.push(Arc::new(change)).await.unwrap();
+        }
+        let (key, rows, _) = file.finish().await.unwrap();
+        assert_eq!(rows, n);
+        let bytes = store
+            .get(&ObjectPath::from(key.as_str()))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let mut seqs = Vec::new();
+        for batch in ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .unwrap()
+            .build()
+            .unwrap()
+        {
+            let batch = batch.unwrap();
+            let column = batch.column_by_name("_seq").unwrap();
+            seqs.extend(column.as_primitive::<Int64Type>().values().iter().copied());
+        }
+        assert_eq!(seqs, (1..=n as i64).collect::<Vec<_>>());
+    }
 }

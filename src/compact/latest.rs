@@ -1,5 +1,5 @@
 //! The latest view: one row per key, the version with the highest seq,
-//! written as `[prefix/]latest/<schema>/<table>/<generation>-<part>.parquet`
+//! written as `[prefix/]latest/<schema>/<table>/<generation>-<bucket>-<part>.parquet`
 //! with the data columns and `_seq`, `_lsn`, `_key`.
 //!
 //! A run merges the previous generation (read back through DataFusion) with
@@ -13,9 +13,10 @@
 //!
 //! Buckets: a table's keys are split into `n` buckets by the hash of the
 //! key ([`super::spool::bucket_of`], `n` a power of two recorded in the
-//! manifest), and the view is merged and written one bucket at a time, as
-//! files `<generation>-<bucket>-<part>.parquet`: memory holds the rows of
-//! one bucket, not the table's. `n` grows (doubling) with the table; bucket
+//! manifest), and the view is merged and written bucket by bucket (two at
+//! a time, see `compact::MERGERS`), as files
+//! `<generation>-<bucket>-<part>.parquet`: memory holds the rows of two
+//! buckets, not the table's. `n` grows (doubling) with the table; bucket
 //! `b` of `n` then draws its previous rows from bucket `b % n_before`.
 //! An update that moves a row to a key of another bucket is applied in
 //! both: the old key's bucket drops the row, the new key's bucket takes the
@@ -420,9 +421,11 @@ pub struct MergeInput {
     /// leaving columns out; filled as buckets are merged, and by replaying
     /// the old key's bucket up to that update when it was not merged that
     /// far yet. Only such updates use it; when the spool holds any
-    /// (`TableSpool::carried_moves`) buckets are merged one at a time, in
-    /// order, so that only moves from a later bucket cost a replay (merged
-    /// at once, most would).
+    /// (`TableSpool::carried_moves`: updates that changed a row's key
+    /// leaving a column out, whichever buckets the keys fall in, which is
+    /// known only later) buckets are merged one at a time, in order, so
+    /// that only moves from a later bucket cost a replay; merged two at
+    /// once, moves between the two would too. The result is the same.
     pub moved: Mutex<HashMap<u64, Option<Vec<Cell>>>>,
 }
 

@@ -317,6 +317,7 @@ pub async fn get(store: &dyn ObjectStore, path: &ObjectPath) -> Result<bytes::By
         match got {
             Err(e)
                 if e.disposition() == Disposition::Retry
+                    && !local_disk(&e)
                     && started.elapsed() + wait < GET_RETRY_FOR =>
             {
                 tracing::info!(%path, error = %crate::error::Report(&e), ?wait, "GET failed; trying again");
@@ -326,6 +327,13 @@ pub async fn get(store: &dyn ObjectStore, path: &ObjectPath) -> Result<bytes::By
             got => return got,
         }
     }
+}
+
+/// An error of the local folder store (a disk's, not a network's): not
+/// worth waiting for.
+fn local_disk(e: &Error) -> bool {
+    matches!(e, Error::Store { cause, .. }
+        if matches!(cause.as_ref(), object_store::Error::Generic { store: "LocalFileSystem", .. }))
 }
 
 /// How long a GET of an archive object is tried again (see [`get`]).

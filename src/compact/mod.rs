@@ -358,15 +358,12 @@ async fn run(
         let merged: Vec<Written> = futures::stream::iter(0..buckets)
             .map(|bucket| {
                 let (input, target) = (Arc::clone(&input), target.clone());
-                let task = tokio::spawn(async move {
+                let task = Task::spawn(async move {
                     let view = merge_bucket(&input, bucket, None).await?;
                     let (written, bytes) = view.write_bucket(&target, bucket, false).await?;
                     Ok::<Written, Error>((written, bytes, view.len()))
                 });
-                async move {
-                    task.await
-                        .map_err(|e| Error::bug(format!("a latest view merge failed: {e}")))?
-                }
+                async move { task.join("a latest view merge").await? }
             })
             .buffered(mergers)
             .try_collect()
@@ -414,6 +411,31 @@ async fn run(
     Ok(summary)
 }
 
+/// A spawned task that is aborted when its handle is dropped: when a run
+/// fails, the tasks it started stop at their next await instead of going
+/// on writing after the run has reported its error (their output is
+/// deterministic, but a late write would be an orphan nothing cleans up).
+pub(crate) struct Task<T>(tokio::task::JoinHandle<T>);
+
+impl<T: Send + 'static> Task<T> {
+    pub(crate) fn spawn(future: impl Future<Output = T> + Send + 'static) -> Task<T> {
+        Task(tokio::spawn(future))
+    }
+
+    /// The task's output; an error if it panicked.
+    pub(crate) async fn join(mut self, what: &str) -> Result<T> {
+        (&mut self.0)
+            .await
+            .map_err(|e| Error::bug(format!("{what} failed: {e}")))
+    }
+}
+
+impl<T> Drop for Task<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// A written bucket of a latest view: its files, bytes and rows.
 type Written = (Vec<manifest::Move>, u64, usize);
 
@@ -423,14 +445,16 @@ const MERGERS: usize = 2;
 /// Objects read and parsed ahead of the writer.
 const READ_AHEAD: usize = 4;
 
-/// Objects fetched and parsed at once, each on a task of its own, so the
+/// Objects fetched and parsed at once, each parse on a blocking thread of
+/// its own (so a long one does not hold up the runtime's workers), so the
 /// NDJSON parse (a third of compact's CPU) uses every core the history and
 /// spool writers leave free; their order is kept.
 const PARSERS: usize = 2;
 
-/// Reads and types the plan's objects, in plan order, [`PARSERS`] at a time
-/// and [`READ_AHEAD`] objects ahead of the writer; stops when the receiver
-/// is dropped.
+/// Reads and types the plan's objects, in plan order, [`PARSERS`] at a time;
+/// up to [`READ_AHEAD`] parsed objects wait for the writer (so up to
+/// `READ_AHEAD + PARSERS + 1` are in memory); stops when the receiver is
+/// dropped.
 fn read_ahead(
     store: &Arc<dyn ObjectStore>,
     plan: &Plan,
@@ -452,7 +476,7 @@ fn read_ahead(
                 async move {
                     let body =
                         listing::get(store.as_ref(), &ObjectPath::from(key.as_str())).await?;
-                    tokio::spawn(async move { parse_object(&shapes, &key, &body) })
+                    tokio::task::spawn_blocking(move || parse_object(&shapes, &key, &body))
                         .await
                         .map_err(|e| Error::bug(format!("the archive reader failed: {e}")))?
                 }

@@ -1,8 +1,8 @@
 //! The latest merge's spool: a run's changes of each table, written to local
 //! temporary files (Arrow IPC) by the hash of their row key, so that the
-//! latest view can be merged one bucket of keys at a time (see
-//! [`super::latest::merge_bucket`]) and memory holds one bucket, whatever
-//! the number of keys.
+//! latest view can be merged a bucket of keys at a time (see
+//! [`super::latest::merge_bucket`]) and memory holds a few buckets,
+//! whatever the number of keys.
 //!
 //! A change goes to partition `key_hash(key) % PARTITIONS`; a bucket `b` of
 //! `n` (a power of two) is the keys with `key_hash(key) % n == b`, so it
@@ -46,7 +46,8 @@ use crate::{Error, Result};
 /// one partition and filter it.
 pub const PARTITIONS: u32 = 32;
 
-/// Spooled rows held in memory (all tables) before they are written out.
+/// Spooled rows held in memory (all tables) before they are written out;
+/// one round more may be being written meanwhile (see [`Spool::flush`]).
 const BUFFER_BYTES: usize = 32 << 20;
 
 /// The hash that places a key in a bucket. Stable across runs, versions and
@@ -330,7 +331,8 @@ impl Spool {
     }
 
     /// The files of bucket `bucket` of `buckets` of `table`, grouped by
-    /// round, in round order.
+    /// round, in round order. Only after [`Spool::finish`]: before, the
+    /// last round may still be being written.
     pub fn rounds(&self, table: &str, bucket: u32, buckets: u32) -> Vec<Vec<PathBuf>> {
         let Some(t) = self.tables.get(table) else {
             return Vec::new();
