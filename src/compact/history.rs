@@ -14,10 +14,13 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use bytes::Bytes;
+use futures::future::BoxFuture;
 use object_store::ObjectStore;
 use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
 use parquet::arrow::AsyncArrowWriter;
+use parquet::arrow::async_writer::AsyncFileWriter;
 use parquet::basic::{GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
@@ -100,8 +103,57 @@ pub fn history_schema(shape: &TableShape) -> SchemaRef {
 /// A Parquet file being streamed to the store.
 pub struct ParquetFile {
     pub key: String,
-    writer: AsyncArrowWriter<BufWriter>,
+    writer: AsyncArrowWriter<Upload>,
     pub rows: u64,
+}
+
+/// Files up to this size are kept in memory and PUT whole.
+const SMALL_FILE: usize = 10 << 20;
+
+/// Where a Parquet file's bytes go. Up to [`SMALL_FILE`] they are kept in
+/// memory and PUT whole at the end, started again on a transient error for
+/// 2 minutes (`listing::put`: object_store gives up on some connection
+/// resets during a PUT); a larger file is streamed as a multipart upload,
+/// whose parts object_store retries itself.
+struct Upload {
+    store: Arc<dyn ObjectStore>,
+    path: ObjectPath,
+    small: Vec<u8>,
+    multipart: Option<BufWriter>,
+}
+
+impl AsyncFileWriter for Upload {
+    fn write(&mut self, bytes: Bytes) -> BoxFuture<'_, parquet::errors::Result<()>> {
+        Box::pin(async move {
+            if self.multipart.is_none() && self.small.len() + bytes.len() <= SMALL_FILE {
+                self.small.extend_from_slice(&bytes);
+                return Ok(());
+            }
+            let (store, path) = (&self.store, &self.path);
+            let upload = self
+                .multipart
+                .get_or_insert_with(|| BufWriter::new(Arc::clone(store), path.clone()));
+            if !self.small.is_empty() {
+                let small = std::mem::take(&mut self.small);
+                AsyncFileWriter::write(upload, small.into()).await?;
+            }
+            AsyncFileWriter::write(upload, bytes).await
+        })
+    }
+
+    fn complete(&mut self) -> BoxFuture<'_, parquet::errors::Result<()>> {
+        Box::pin(async move {
+            match &mut self.multipart {
+                Some(upload) => AsyncFileWriter::complete(upload).await,
+                None => {
+                    let body = Bytes::from(std::mem::take(&mut self.small));
+                    super::listing::put(self.store.as_ref(), &self.path, body)
+                        .await
+                        .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
+                }
+            }
+        })
+    }
 }
 
 impl ParquetFile {
@@ -111,10 +163,14 @@ impl ParquetFile {
         schema: SchemaRef,
         props: WriterProperties,
     ) -> Result<ParquetFile> {
-        let path = ObjectPath::from(key.as_str());
-        let writer =
-            AsyncArrowWriter::try_new(BufWriter::new(Arc::clone(store), path), schema, Some(props))
-                .map_err(|e| parquet_error(&key, e))?;
+        let upload = Upload {
+            store: Arc::clone(store),
+            path: ObjectPath::from(key.as_str()),
+            small: Vec::new(),
+            multipart: None,
+        };
+        let writer = AsyncArrowWriter::try_new(upload, schema, Some(props))
+            .map_err(|e| parquet_error(&key, e))?;
         Ok(ParquetFile {
             key,
             writer,
@@ -151,10 +207,13 @@ pub fn parquet_error(key: &str, e: parquet::errors::ParquetError) -> Error {
         parquet::errors::ParquetError::External(inner) => {
             match inner.downcast::<object_store::Error>() {
                 Ok(store) => Error::store("PUT", key, *store),
-                Err(other) => Error::fatal(
-                    format!("cannot write {key}: {other}"),
-                    "check the destination and run `waltail compact` again",
-                ),
+                Err(other) => match other.downcast::<Error>() {
+                    Ok(ours) => *ours,
+                    Err(other) => Error::fatal(
+                        format!("cannot write {key}: {other}"),
+                        "check the destination and run `waltail compact` again",
+                    ),
+                },
             }
         }
         other => Error::fatal(

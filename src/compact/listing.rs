@@ -301,30 +301,50 @@ pub async fn load_schemas(
 /// transient is started again here, for the same 2 minutes, waiting from
 /// 100 ms to 5 s between tries.
 pub async fn get(store: &dyn ObjectStore, path: &ObjectPath) -> Result<bytes::Bytes> {
+    retrying(|| async {
+        store
+            .get(path)
+            .await
+            .map_err(|e| Error::store("GET", path.to_string(), e))?
+            .bytes()
+            .await
+            .map_err(|e| Error::store("GET", path.to_string(), e))
+    })
+    .await
+}
+
+/// Writes a whole object, started again on a transient error as [`get`] is
+/// (a PUT of the same bytes to the same key is idempotent).
+pub async fn put(store: &dyn ObjectStore, path: &ObjectPath, body: bytes::Bytes) -> Result<()> {
+    retrying(|| async {
+        store
+            .put(path, body.clone().into())
+            .await
+            .map(drop)
+            .map_err(|e| Error::store("PUT", path.to_string(), e))
+    })
+    .await
+}
+
+/// Runs `attempt` until it succeeds, its error is not transient, or
+/// [`GET_RETRY_FOR`] has passed, waiting from 100 ms to 5 s between tries.
+async fn retrying<T, F: std::future::Future<Output = Result<T>>>(
+    mut attempt: impl FnMut() -> F,
+) -> Result<T> {
     let started = std::time::Instant::now();
     let mut wait = std::time::Duration::from_millis(100);
     loop {
-        let got = async {
-            store
-                .get(path)
-                .await
-                .map_err(|e| Error::store("GET", path.to_string(), e))?
-                .bytes()
-                .await
-                .map_err(|e| Error::store("GET", path.to_string(), e))
-        }
-        .await;
-        match got {
+        match attempt().await {
             Err(e)
                 if e.disposition() == Disposition::Retry
                     && !local_disk(&e)
                     && started.elapsed() + wait < GET_RETRY_FOR =>
             {
-                tracing::info!(%path, error = %crate::error::Report(&e), ?wait, "GET failed; trying again");
+                tracing::info!(error = %crate::error::Report(&e), ?wait, "trying again");
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(std::time::Duration::from_secs(5));
             }
-            got => return got,
+            done => return done,
         }
     }
 }
@@ -336,7 +356,7 @@ fn local_disk(e: &Error) -> bool {
         if matches!(cause.as_ref(), object_store::Error::Generic { store: "LocalFileSystem", .. }))
 }
 
-/// How long a GET of an archive object is tried again (see [`get`]).
+/// How long a GET or PUT of a whole object is tried again (see [`get`]).
 const GET_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 #[cfg(test)]
