@@ -463,17 +463,24 @@ fn parse_csv(text: &str) -> Vec<Vec<String>> {
     rows
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_local_folder_archive_answers_in_every_format_skips_pruned_objects_and_points_at_errors()
-{
-    let db = TestDb::new("queryfile").await;
+/// The test tables in `db`, and a waltail archiving them into a local
+/// folder in objects of 5 changes: (pipeline, waltail, the folder).
+async fn local_archive(db: &TestDb, name: &str) -> (String, Waltail, std::path::PathBuf) {
     db.exec(TABLES).await;
-    let pipeline = unique("qf").replace('_', "-");
-    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
+    let pipeline = unique(name).replace('_', "-");
+    let mut w = Waltail::new(db, &pipeline, "public.orders,public.customers");
     let archive = w.dir.path().join("archive");
     w.set("WALTAIL_DESTINATION_TYPE", "file")
         .set("WALTAIL_DESTINATION_PATH", archive.to_str().unwrap())
         .set("WALTAIL_DELIVERY_BATCH_SIZE", "5");
+    (pipeline, w, archive)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_local_folder_archive_answers_in_every_format_skips_pruned_objects_and_points_at_errors()
+{
+    let db = TestDb::new("queryfile").await;
+    let (pipeline, mut w, archive) = local_archive(&db, "qf").await;
     w.start();
     mixed_workload(&db, 51, 40, 0).await;
     let root = archive.clone();
@@ -687,13 +694,7 @@ async fn a_local_folder_archive_answers_in_every_format_skips_pruned_objects_and
 #[tokio::test(flavor = "multi_thread")]
 async fn queries_during_a_compaction_answer_right_or_say_to_run_again() {
     let db = TestDb::new("queryrace").await;
-    db.exec(TABLES).await;
-    let pipeline = unique("qr").replace('_', "-");
-    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
-    let archive = w.dir.path().join("archive");
-    w.set("WALTAIL_DESTINATION_TYPE", "file")
-        .set("WALTAIL_DESTINATION_PATH", archive.to_str().unwrap())
-        .set("WALTAIL_DELIVERY_BATCH_SIZE", "5");
+    let (pipeline, mut w, archive) = local_archive(&db, "qr").await;
     let (mut answered, mut refused) = (0, 0);
     for round in 0..3u64 {
         w.start();

@@ -410,13 +410,23 @@ pub async fn s3_objects(prefix: &str) -> Vec<Object> {
 
 /// Every object under `prefix` in `store`, with its content type, by key.
 pub async fn objects_in(store: &dyn ObjectStore, prefix: &str) -> Vec<Object> {
+    objects_where(store, prefix, |_| true).await
+}
+
+/// The objects under `prefix` in `store` whose key `keep` accepts (their
+/// bodies must be text), with their content type, by key.
+pub async fn objects_where(
+    store: &dyn ObjectStore,
+    prefix: &str,
+    keep: impl Fn(&str) -> bool,
+) -> Vec<Object> {
     let metas: Vec<_> = store
         .list(Some(&ObjectPath::from(prefix)))
         .try_collect()
         .await
         .unwrap();
     let mut out = Vec::new();
-    for meta in metas {
+    for meta in metas.into_iter().filter(|m| keep(m.location.as_ref())) {
         let got = store.get(&meta.location).await.unwrap();
         let content_type = got
             .attributes
@@ -796,30 +806,8 @@ pub async fn download(prefix: &str, dir: &Path) {
 
 /// The archive's NDJSON objects under `prefix` (not the Parquet beside them).
 pub async fn ndjson_objects(prefix: &str) -> Vec<Object> {
-    let store = admin_store();
-    let metas: Vec<_> = store
-        .list(Some(&ObjectPath::from(prefix)))
-        .try_collect()
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    for meta in metas {
-        if !meta.location.as_ref().ends_with(".ndjson") {
-            continue;
-        }
-        let body = store
-            .get(&meta.location)
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        out.push(Object {
-            key: meta.location.to_string(),
-            body: String::from_utf8(body.to_vec()).unwrap(),
-            content_type: None,
-        });
-    }
-    out.sort_by(|a, b| a.key.cmp(&b.key));
-    out
+    objects_where(admin_store().as_ref(), prefix, |key| {
+        key.ends_with(".ndjson")
+    })
+    .await
 }
