@@ -471,7 +471,7 @@ fn read_ahead(
         .flat_map(|f| f.objects.iter().map(|o| o.key.clone()))
         .collect();
     let shapes = Arc::new(shapes);
-    let task = tokio::spawn(async move {
+    let task = Task::spawn(async move {
         let mut parsed = futures::stream::iter(keys)
             .map(|key| {
                 let (store, shapes) = (Arc::clone(&store), Arc::clone(&shapes));
@@ -491,7 +491,7 @@ fn read_ahead(
             }
         }
     });
-    ReadAhead { rx, task }
+    ReadAhead { rx, _task: task }
 }
 
 /// The typed lines of one object; an error names the object and the line.
@@ -518,18 +518,13 @@ fn parse_object(
 /// The typed lines of each object, in plan order.
 struct ReadAhead {
     rx: tokio::sync::mpsc::Receiver<Result<Vec<read::Line>>>,
-    task: tokio::task::JoinHandle<()>,
+    /// Aborted when the reader is dropped.
+    _task: Task<()>,
 }
 
 impl ReadAhead {
     async fn recv(&mut self) -> Option<Result<Vec<read::Line>>> {
         self.rx.recv().await
-    }
-}
-
-impl Drop for ReadAhead {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
