@@ -178,10 +178,19 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if matches!(cli.command, Command::Query { .. }) {
+        // A query over a local folder reads every file through blocking
+        // threads (object_store's LocalFileSystem); left at tokio's 512, a
+        // query of 16 Parquet files started 14 of them, each with its own
+        // allocator heap to fault in: 40% of the process's time went to
+        // the kernel. One per core reads as fast (measured: 10-15% less
+        // wall time, half the system time, the same user time).
+        builder.max_blocking_threads(
+            std::thread::available_parallelism().map_or(2, std::num::NonZero::get),
+        );
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
