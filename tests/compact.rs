@@ -892,3 +892,70 @@ async fn a_compact_outlasts_a_store_that_drops_connections_for_seconds() {
     ));
     assert_eq!(history, [[json!(3000), json!(3000), json!(1), json!(3000)]]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_file_goes_to_s3_in_parts_through_connection_resets() {
+    // 6,000 inserts of 3,000 random letters (incompressible): about 14 MB
+    // of Parquet, so the history file and the latest view's file each go
+    // as a multipart upload of 10 MiB parts.
+    let mut rng = fastrand::Rng::with_seed(11);
+    let mut archive = GeneratedArchive {
+        lines: Vec::new(),
+        expected: Default::default(),
+    };
+    for seq in 1..=6000u64 {
+        let doc: String = std::iter::repeat_with(|| rng.alphanumeric())
+            .take(3000)
+            .collect();
+        let (id, n) = (seq as i64, json!(seq % 1000));
+        archive.lines.push(
+            json!({"op": "insert", "table": "public.t", "data": {"id": id, "doc": doc, "n": n},
+                   "old": null, "seq": seq, "idempotency_key": format!("k{seq}"),
+                   "commit_lsn": format!("0/{:X}", seq * 8)})
+            .to_string(),
+        );
+        archive.expected.insert(id, (json!(doc), n, seq));
+    }
+    let prefix = unique("compactparts");
+    upload_archive(&prefix, &archive, 1, 6000).await;
+    let s3 = s3();
+    let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
+    let mut w = Waltail::without_db("gen", "public.t");
+    w.s3(&prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
+        .set("WALTAIL_LOG", "waltail=info");
+    // Every connection is reset for 0.4 s of every 1.2 s until the run
+    // ends: parts, completions and reads alike are cut and sent again.
+    w.spawn(&["compact"]);
+    let running = std::sync::atomic::AtomicBool::new(true);
+    let status = std::thread::scope(|s| {
+        s.spawn(|| {
+            while running.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(800));
+                proxy.set_mode(Mode::Reset);
+                std::thread::sleep(Duration::from_millis(400));
+                proxy.set_mode(Mode::Pass);
+            }
+        });
+        let status = w.wait_exit(Duration::from_secs(300));
+        running.store(false, std::sync::atomic::Ordering::Relaxed);
+        status
+    });
+    assert!(status.success(), "{}", w.log());
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    let history: Vec<_> = std::fs::read_dir(dir.path().join("parquet/public/t/date=2026-11-30"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .collect();
+    assert!(
+        history.iter().any(|&len| len > 10 << 20),
+        "no history file needed parts: {history:?}"
+    );
+    assert_eq!(read_latest(dir.path()).0, archive.expected);
+    let counted = duck(&format!(
+        "SELECT count(*), count(DISTINCT _seq), sum(length(doc)) FROM read_parquet('{}/parquet/*/*/*/*.parquet')",
+        dir.path().display()
+    ));
+    assert_eq!(counted, [[json!(6000), json!(6000), json!(18_000_000)]]);
+}

@@ -6,7 +6,7 @@
 //!
 //! Files are streamed to the store (multipart upload, visible only when
 //! complete), a row group at a time, so memory holds at most a row group
-//! per table being written. Shared here: [`ParquetFile`], the writer the
+//! and a part per table being written. Shared here: [`ParquetFile`], the writer the
 //! latest view uses too.
 
 use std::borrow::Borrow;
@@ -16,9 +16,10 @@ use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use object_store::ObjectStore;
 use object_store::buffered::BufWriter;
+use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path as ObjectPath;
+use object_store::{MultipartId, ObjectStore, PutPayload};
 use parquet::arrow::AsyncArrowWriter;
 use parquet::arrow::async_writer::AsyncFileWriter;
 use parquet::basic::{GzipLevel, ZstdLevel};
@@ -100,6 +101,15 @@ pub fn history_schema(shape: &TableShape) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
+/// Where compact's Parquet files go: the store and, for S3, its multipart
+/// interface (see [`crate::sink::Sink::multipart`]), through which a large
+/// file's parts are sent, and tried again, one by one.
+#[derive(Clone)]
+pub struct Output {
+    pub store: Arc<dyn ObjectStore>,
+    pub parts: Option<Arc<dyn MultipartStore>>,
+}
+
 /// A Parquet file being streamed to the store.
 pub struct ParquetFile {
     pub key: String,
@@ -107,67 +117,166 @@ pub struct ParquetFile {
     pub rows: u64,
 }
 
-/// Files up to this size are kept in memory and PUT whole.
-const SMALL_FILE: usize = 10 << 20;
+/// Files up to this size are kept in memory and PUT whole; larger ones
+/// go in parts of this size (S3 wants at least 5 MiB per part but the
+/// last, and R2 parts of one size).
+const PART_BYTES: usize = 10 << 20;
 
-/// Where a Parquet file's bytes go. Up to [`SMALL_FILE`] they are kept in
+/// Where a Parquet file's bytes go. Up to [`PART_BYTES`] they are kept in
 /// memory and PUT whole at the end, started again on a transient error for
 /// 2 minutes (`listing::put`: object_store gives up on some connection
-/// resets during a PUT); a larger file is streamed as a multipart upload,
-/// whose parts object_store retries itself.
+/// resets during a PUT). A larger file goes to S3 as a multipart upload,
+/// each part sent when full and started again the same way (a part is
+/// stored by its number, so sending it twice is harmless), then completed
+/// with the same retry; to the local folder, through object_store's
+/// buffered writer (a disk's errors are not retried). A failed upload is
+/// aborted, so no part is left behind.
 struct Upload {
-    store: Arc<dyn ObjectStore>,
+    output: Output,
     path: ObjectPath,
-    small: Vec<u8>,
-    multipart: Option<BufWriter>,
+    buffer: Vec<u8>,
+    /// S3: the upload under way and the parts it holds, in order.
+    parts: Option<(MultipartId, Vec<PartId>)>,
+    /// The local folder: the buffered writer, once the file is large.
+    streamed: Option<BufWriter>,
+}
+
+impl Upload {
+    /// Sends the first [`PART_BYTES`] of the buffer as the next part,
+    /// starting the upload first if this is the first part.
+    async fn send_part(&mut self, multipart: &Arc<dyn MultipartStore>) -> Result<()> {
+        let path = &self.path;
+        let described = || path.to_string();
+        let (id, parts) = match &mut self.parts {
+            Some(upload) => upload,
+            None => {
+                let id = super::listing::retrying(|| async {
+                    multipart
+                        .create_multipart(path)
+                        .await
+                        .map_err(|e| Error::store("start the upload of", described(), e))
+                })
+                .await?;
+                self.parts.insert((id, Vec::new()))
+            }
+        };
+        let rest = self.buffer.split_off(PART_BYTES.min(self.buffer.len()));
+        let part = PutPayload::from(std::mem::replace(&mut self.buffer, rest));
+        let index = parts.len();
+        let sent = super::listing::retrying(|| async {
+            multipart
+                .put_part(path, id, index, part.clone())
+                .await
+                .map_err(|e| Error::store("PUT a part of", described(), e))
+        })
+        .await?;
+        parts.push(sent);
+        Ok(())
+    }
+
+    async fn write_bytes(&mut self, bytes: Bytes) -> Result<()> {
+        if let Some(streamed) = &mut self.streamed {
+            return AsyncFileWriter::write(streamed, bytes)
+                .await
+                .map_err(|e| parquet_error(self.path.as_ref(), e));
+        }
+        self.buffer.extend_from_slice(&bytes);
+        if self.buffer.len() <= PART_BYTES {
+            return Ok(());
+        }
+        match self.output.parts.clone() {
+            Some(multipart) => {
+                while self.buffer.len() >= PART_BYTES {
+                    self.send_part(&multipart).await?;
+                }
+                Ok(())
+            }
+            None => {
+                let mut streamed =
+                    BufWriter::new(Arc::clone(&self.output.store), self.path.clone());
+                let buffered = Bytes::from(std::mem::take(&mut self.buffer));
+                let written = AsyncFileWriter::write(&mut streamed, buffered).await;
+                self.streamed = Some(streamed);
+                written.map_err(|e| parquet_error(self.path.as_ref(), e))
+            }
+        }
+    }
+
+    async fn complete_upload(&mut self) -> Result<()> {
+        if let Some(streamed) = &mut self.streamed {
+            return AsyncFileWriter::complete(streamed)
+                .await
+                .map_err(|e| parquet_error(self.path.as_ref(), e));
+        }
+        let multipart = match (&self.parts, &self.output.parts) {
+            (Some(_), Some(multipart)) => Arc::clone(multipart),
+            _ => {
+                let body = Bytes::from(std::mem::take(&mut self.buffer));
+                return super::listing::put(self.output.store.as_ref(), &self.path, body).await;
+            }
+        };
+        if !self.buffer.is_empty() {
+            self.send_part(&multipart).await?;
+        }
+        let (id, parts) = self.parts.as_ref().expect("a part was sent");
+        let path = &self.path;
+        super::listing::retrying(|| async {
+            multipart
+                .complete_multipart(path, id, parts.clone())
+                .await
+                .map(drop)
+                .map_err(|e| Error::store("complete the upload of", path.to_string(), e))
+        })
+        .await
+    }
+
+    /// After a failure: the upload's parts are deleted (best effort: an
+    /// upload left behind is invisible to readers, and a bucket lifecycle
+    /// rule on incomplete uploads removes it).
+    async fn abort(&mut self) {
+        if let (Some((id, _)), Some(multipart)) = (self.parts.take(), &self.output.parts)
+            && let Err(e) = multipart.abort_multipart(&self.path, &id).await
+        {
+            tracing::warn!(file = %self.path, error = %e, "cannot abort an unfinished upload");
+        }
+    }
 }
 
 impl AsyncFileWriter for Upload {
     fn write(&mut self, bytes: Bytes) -> BoxFuture<'_, parquet::errors::Result<()>> {
         Box::pin(async move {
-            if self.multipart.is_none() && self.small.len() + bytes.len() <= SMALL_FILE {
-                self.small.extend_from_slice(&bytes);
-                return Ok(());
+            let written = self.write_bytes(bytes).await;
+            if written.is_err() {
+                self.abort().await;
             }
-            let (store, path) = (&self.store, &self.path);
-            let upload = self
-                .multipart
-                .get_or_insert_with(|| BufWriter::new(Arc::clone(store), path.clone()));
-            if !self.small.is_empty() {
-                let small = std::mem::take(&mut self.small);
-                AsyncFileWriter::write(upload, small.into()).await?;
-            }
-            AsyncFileWriter::write(upload, bytes).await
+            written.map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
         })
     }
 
     fn complete(&mut self) -> BoxFuture<'_, parquet::errors::Result<()>> {
         Box::pin(async move {
-            match &mut self.multipart {
-                Some(upload) => AsyncFileWriter::complete(upload).await,
-                None => {
-                    let body = Bytes::from(std::mem::take(&mut self.small));
-                    super::listing::put(self.store.as_ref(), &self.path, body)
-                        .await
-                        .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
-                }
+            let completed = self.complete_upload().await;
+            if completed.is_err() {
+                self.abort().await;
             }
+            completed.map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
         })
     }
 }
 
 impl ParquetFile {
     pub fn create(
-        store: &Arc<dyn ObjectStore>,
+        output: &Output,
         key: String,
         schema: SchemaRef,
         props: WriterProperties,
     ) -> Result<ParquetFile> {
         let upload = Upload {
-            store: Arc::clone(store),
+            output: output.clone(),
             path: ObjectPath::from(key.as_str()),
-            small: Vec::new(),
-            multipart: None,
+            buffer: Vec::new(),
+            parts: None,
+            streamed: None,
         };
         let writer = AsyncArrowWriter::try_new(upload, schema, Some(props))
             .map_err(|e| parquet_error(&key, e))?;
@@ -245,14 +354,19 @@ pub struct HistoryFile {
 
 impl HistoryFile {
     pub fn create(
-        store: &Arc<dyn ObjectStore>,
+        output: &Output,
         key: String,
         shape: Arc<TableShape>,
         props: WriterProperties,
     ) -> Result<HistoryFile> {
         let schema = history_schema(&shape);
         Ok(HistoryFile {
-            file: Some(ParquetFile::create(store, key, Arc::clone(&schema), props)?),
+            file: Some(ParquetFile::create(
+                output,
+                key,
+                Arc::clone(&schema),
+                props,
+            )?),
             shape,
             schema,
             rows: Vec::with_capacity(BATCH_ROWS),
@@ -344,17 +458,25 @@ mod tests {
     use arrow::array::AsArray;
     use arrow::datatypes::Int64Type;
     use object_store::ObjectStoreExt;
+    use object_store::memory::InMemory;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use std::collections::HashSet;
+    use std::sync::Mutex;
 
-    #[tokio::test]
-    async fn a_file_of_several_buffers_holds_every_change_once_in_order() {
-        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    /// Writes `n` changes of `public.t` (`doc` of `doc_bytes` random
+    /// letters: incompressible, to make a large file) as one history file
+    /// through `output`, and reads back the `_seq` column and the docs.
+    async fn write_and_read(output: &Output, n: u64, doc_bytes: usize) -> (Vec<i64>, Vec<String>) {
         let shape = Arc::new(TableShape::test_t());
         let props = writer_properties(&crate::config::CompactConfig::default());
-        let mut file = HistoryFile::create(&store, "h.parquet".into(), shape, props).unwrap();
-        // Past two full buffers: the second waits for the first's encoder.
-        let n = 2 * BATCH_ROWS as u64 + 1;
+        let mut file = HistoryFile::create(output, "h.parquet".into(), shape, props).unwrap();
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut docs = Vec::new();
         for seq in 1..=n {
+            let doc: String = std::iter::repeat_with(|| rng.alphanumeric())
+                .take(doc_bytes)
+                .collect();
+            docs.push(doc.clone());
             let change = TypedChange {
                 op_name: "insert".into(),
                 op: ChangeOp::Upsert,
@@ -362,10 +484,7 @@ mod tests {
                 lsn: format!("0/{seq:X}"),
                 key: Some(format!(r#"{{"id":{seq}}}"#)),
                 old_key: None,
-                cells: vec![
-                    Cell::Int(seq as i64),
-                    Cell::Str(format!("doc {seq}").into()),
-                ],
+                cells: vec![Cell::Int(seq as i64), Cell::Str(doc.into())],
                 old: None,
                 unchanged: None,
             };
@@ -373,14 +492,15 @@ mod tests {
         }
         let (key, rows, _) = file.finish().await.unwrap();
         assert_eq!(rows, n);
-        let bytes = store
+        let bytes = output
+            .store
             .get(&ObjectPath::from(key.as_str()))
             .await
             .unwrap()
             .bytes()
             .await
             .unwrap();
-        let mut seqs = Vec::new();
+        let (mut seqs, mut read) = (Vec::new(), Vec::new());
         for batch in ParquetRecordBatchReaderBuilder::try_new(bytes)
             .unwrap()
             .build()
@@ -389,7 +509,107 @@ mod tests {
             let batch = batch.unwrap();
             let column = batch.column_by_name("_seq").unwrap();
             seqs.extend(column.as_primitive::<Int64Type>().values().iter().copied());
+            let column = batch.column_by_name("doc").unwrap().as_string::<i32>();
+            read.extend(column.iter().map(|d| d.unwrap().to_string()));
         }
+        assert_eq!(read, docs);
+        (seqs, read)
+    }
+
+    #[tokio::test]
+    async fn a_file_of_several_buffers_holds_every_change_once_in_order() {
+        let output = Output {
+            store: Arc::new(InMemory::new()),
+            parts: None,
+        };
+        // Past two full buffers: the second waits for the first's encoder.
+        let n = 2 * BATCH_ROWS as u64 + 1;
+        let (seqs, _) = write_and_read(&output, n, 8).await;
         assert_eq!(seqs, (1..=n as i64).collect::<Vec<_>>());
+    }
+
+    /// An in-memory store's multipart interface that fails the first try of
+    /// every part and of the completion as a reset connection would.
+    #[derive(Debug)]
+    struct FirstTryFails {
+        inner: Arc<InMemory>,
+        tried: Mutex<HashSet<String>>,
+        parts: Mutex<Vec<usize>>,
+    }
+
+    impl FirstTryFails {
+        fn first_try(&self, what: String) -> object_store::Result<()> {
+            match self.tried.lock().unwrap().insert(what.clone()) {
+                true => Err(object_store::Error::Generic {
+                    store: "test",
+                    source: format!("connection reset during {what}").into(),
+                }),
+                false => Ok(()),
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl MultipartStore for FirstTryFails {
+        async fn create_multipart(&self, path: &ObjectPath) -> object_store::Result<MultipartId> {
+            self.inner.create_multipart(path).await
+        }
+
+        async fn put_part(
+            &self,
+            path: &ObjectPath,
+            id: &MultipartId,
+            part_idx: usize,
+            data: PutPayload,
+        ) -> object_store::Result<PartId> {
+            self.first_try(format!("part {part_idx}"))?;
+            assert!(
+                data.content_length() <= PART_BYTES,
+                "a part larger than PART_BYTES"
+            );
+            self.parts.lock().unwrap().push(part_idx);
+            self.inner.put_part(path, id, part_idx, data).await
+        }
+
+        async fn complete_multipart(
+            &self,
+            path: &ObjectPath,
+            id: &MultipartId,
+            parts: Vec<PartId>,
+        ) -> object_store::Result<object_store::PutResult> {
+            self.first_try("completion".into())?;
+            self.inner.complete_multipart(path, id, parts).await
+        }
+
+        async fn abort_multipart(
+            &self,
+            path: &ObjectPath,
+            id: &MultipartId,
+        ) -> object_store::Result<()> {
+            self.inner.abort_multipart(path, id).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_large_file_goes_in_parts_each_tried_again_alone() {
+        let inner = Arc::new(InMemory::new());
+        let flaky = Arc::new(FirstTryFails {
+            inner: Arc::clone(&inner),
+            tried: Mutex::default(),
+            parts: Mutex::default(),
+        });
+        let output = Output {
+            store: inner,
+            parts: Some(Arc::clone(&flaky) as Arc<dyn MultipartStore>),
+        };
+        // About 30 MB of random letters: three parts.
+        let n = 20_000;
+        let (seqs, _) = write_and_read(&output, n, 2000).await;
+        assert_eq!(seqs, (1..=n as i64).collect::<Vec<_>>());
+        // Each part failed once and was sent again under its own number.
+        let parts = flaky.parts.lock().unwrap().clone();
+        assert!(parts.len() >= 3, "{parts:?}");
+        assert_eq!(parts, (0..parts.len()).collect::<Vec<_>>());
+        assert!(flaky.tried.lock().unwrap().contains("completion"));
     }
 }

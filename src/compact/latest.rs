@@ -32,10 +32,10 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use futures::StreamExt;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStoreExt;
 use parquet::file::properties::WriterProperties;
 
-use super::history::{ParquetFile, table_dir};
+use super::history::{Output, ParquetFile, table_dir};
 use super::manifest::Move;
 use super::read::{ChangeOp, TypedChange};
 use super::session::{ARCHIVE_URL, table_url};
@@ -299,7 +299,7 @@ impl LatestView {
         always: bool,
     ) -> Result<(Vec<Move>, u64)> {
         let LatestTarget {
-            store,
+            output,
             prefix,
             staging,
             generation,
@@ -325,7 +325,7 @@ impl LatestView {
             let f = match &mut file {
                 Some(f) => f,
                 None => file.insert(ParquetFile::create(
-                    store,
+                    output,
                     format!("{dir}/{stem}-{:04}.parquet", written.len()),
                     Arc::clone(&schema),
                     props.clone(),
@@ -356,7 +356,7 @@ impl LatestView {
         let f = match file {
             Some(f) => Some(f),
             None if always => Some(ParquetFile::create(
-                store,
+                output,
                 format!("{dir}/{stem}-0000.parquet"),
                 Arc::clone(&schema),
                 props.clone(),
@@ -384,7 +384,7 @@ impl LatestView {
 /// Where and how a run writes its new latest generation.
 #[derive(Clone)]
 pub struct LatestTarget {
-    pub store: Arc<dyn ObjectStore>,
+    pub output: Output,
     pub prefix: Option<String>,
     /// The folder files are written to before they are published.
     pub staging: String,

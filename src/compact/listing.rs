@@ -328,7 +328,7 @@ pub async fn put(store: &dyn ObjectStore, path: &ObjectPath, body: bytes::Bytes)
 
 /// Runs `attempt` until it succeeds, its error is not transient, or
 /// [`GET_RETRY_FOR`] has passed, waiting from 100 ms to 5 s between tries.
-async fn retrying<T, F: std::future::Future<Output = Result<T>>>(
+pub(crate) async fn retrying<T, F: std::future::Future<Output = Result<T>>>(
     mut attempt: impl FnMut() -> F,
 ) -> Result<T> {
     let started = std::time::Instant::now();

@@ -247,6 +247,10 @@ async fn run(
 
     let bar = progress_bar(summary.bytes_in);
     let props = history::writer_properties(&config.compact);
+    let output = history::Output {
+        store: Arc::clone(&store),
+        parts: sink.multipart().cloned(),
+    };
     let ctx = session::session(Arc::clone(&store));
     let mut spool = spool::Spool::new()?;
     let mut objects = read_ahead(&store, &plan, &shapes);
@@ -292,7 +296,8 @@ async fn run(
                             file.first_seq.max(start),
                             file.last_seq,
                         );
-                        let h = HistoryFile::create(&store, key, Arc::clone(shape), props.clone())?;
+                        let h =
+                            HistoryFile::create(&output, key, Arc::clone(shape), props.clone())?;
                         open.entry(table.clone()).or_insert(h)
                     }
                 };
@@ -321,7 +326,7 @@ async fn run(
     // The new latest generation of every table that changed, or that has
     // no latest view yet, merged bucket by bucket.
     let target = latest::LatestTarget {
-        store: Arc::clone(&store),
+        output: output.clone(),
         prefix: prefix.map(str::to_string),
         staging: format!("{STAGING}/{:08}", plan.generation),
         generation: plan.generation,

@@ -14,6 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
+use object_store::multipart::MultipartStore;
 use object_store::path::Path as ObjectPath;
 use object_store::{
     Attribute, Attributes, ClientOptions, ObjectStore, PutOptions, PutPayload, RetryConfig,
@@ -31,14 +32,28 @@ pub const NDJSON_CONTENT_TYPE: &str = "application/x-ndjson";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where objects go.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Sink {
     store: Arc<dyn ObjectStore>,
+    /// The same S3 store's part-by-part interface (see [`Sink::multipart`]).
+    multipart: Option<Arc<dyn MultipartStore>>,
     prefix: Option<String>,
     /// Local files carry no content type (object_store's LocalFileSystem
     /// refuses attributes); S3 objects do.
     typed: bool,
     describe: String,
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sink")
+            .field("store", &self.store)
+            .field("multipart", &self.multipart.is_some())
+            .field("prefix", &self.prefix)
+            .field("typed", &self.typed)
+            .field("describe", &self.describe)
+            .finish()
+    }
 }
 
 impl Sink {
@@ -75,17 +90,22 @@ impl Sink {
                     .map_err(|e| Error::store("open", path.display().to_string(), e))?;
                 Ok(Sink {
                     store: Arc::new(store),
+                    multipart: None,
                     prefix: prefix.clone(),
                     typed: false,
                     describe,
                 })
             }
-            DestinationConfig::S3(s3) => Ok(Sink {
-                store: Arc::new(s3_store(s3, timeout, retry)?),
-                prefix: s3.prefix.clone(),
-                typed: true,
-                describe,
-            }),
+            DestinationConfig::S3(s3) => {
+                let store = Arc::new(s3_store(s3, timeout, retry)?);
+                Ok(Sink {
+                    store: Arc::clone(&store) as Arc<dyn ObjectStore>,
+                    multipart: Some(store),
+                    prefix: s3.prefix.clone(),
+                    typed: true,
+                    describe,
+                })
+            }
         }
     }
 
@@ -93,6 +113,7 @@ impl Sink {
     pub fn from_store(store: Arc<dyn ObjectStore>, prefix: Option<String>) -> Sink {
         Sink {
             store,
+            multipart: None,
             prefix,
             typed: true,
             describe: "object store".into(),
@@ -105,6 +126,14 @@ impl Sink {
 
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
         &self.store
+    }
+
+    /// S3's multipart interface to the same store, where each part of an
+    /// upload is sent by number: a part that failed can be sent again
+    /// alone (object_store's own multipart writer numbers parts as it goes,
+    /// so a failed part fails the upload). `None` for the local folder.
+    pub fn multipart(&self) -> Option<&Arc<dyn MultipartStore>> {
+        self.multipart.as_ref()
     }
 
     /// `s3://bucket/prefix` or the folder, for messages.
