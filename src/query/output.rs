@@ -45,6 +45,14 @@ pub async fn write(
     let schema = stream.schema();
     let mut rows = 0;
     let result: std::result::Result<(), ArrowError> = async {
+        if schema.fields().is_empty() {
+            // A statement without a result (SET, CREATE VIEW): nothing to
+            // print in any format (CSV would write an empty header `""`).
+            while let Some(b) = stream.next().await {
+                b.map_err(|e| ArrowError::ExternalError(Box::new(e)))?;
+            }
+            return Ok(());
+        }
         match format {
             Format::Table => {
                 let mut batches: Vec<RecordBatch> = Vec::new();
@@ -58,9 +66,6 @@ pub async fn write(
                     &batches,
                 )?;
                 writeln!(out, "{table}")?;
-                if schema.fields().is_empty() {
-                    return Ok(());
-                }
                 writeln!(out, "({rows} row{})", if rows == 1 { "" } else { "s" })?;
             }
             Format::Csv => {
@@ -212,6 +217,27 @@ mod tests {
         assert_eq!(empty(Format::Json).await, "[]\n");
         assert_eq!(empty(Format::Csv).await, "id,name\n");
         assert_eq!(empty(Format::Ndjson).await, "");
+    }
+
+    #[tokio::test]
+    async fn a_statement_without_columns_prints_nothing() {
+        for format in [Format::Table, Format::Csv, Format::Json, Format::Ndjson] {
+            let schema = Arc::new(Schema::empty());
+            let batch = RecordBatch::new_empty(Arc::clone(&schema));
+            let set: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                futures::stream::iter([Ok(batch)]),
+            ));
+            let mut out = Vec::new();
+            let (w, rows) = write(&mut out, format, set, |e| Error::fatal(e.to_string(), ""))
+                .await
+                .unwrap();
+            assert_eq!(
+                (w, rows, out.as_slice()),
+                (Written::All, 0, &b""[..]),
+                "{format:?}"
+            );
+        }
     }
 
     /// A writer whose reader has gone.
