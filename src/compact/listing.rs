@@ -171,8 +171,9 @@ fn parsed(meta: ObjectMeta, prefix: Option<&str>, pipeline: &str) -> Option<List
     })
 }
 
-/// Date folders listed at once.
-const DAYS_AT_ONCE: usize = 16;
+/// Listings of date folders, or GETs and HEADs of small objects, in flight
+/// at once: on S3 each is a round trip.
+pub const REQUESTS_AT_ONCE: usize = 16;
 
 /// The objects in the date folders `YYYY/MM/DD` from `from` (`YYYY-MM-DD`)
 /// on: years, then months, then days found by delimiter listings, keeping
@@ -219,7 +220,7 @@ async fn list_days(
     for _ in 0..2 {
         let found: Vec<Vec<(ObjectPath, String)>> = futures::stream::iter(level)
             .map(|(folder, text)| children(store, Some(folder), text, 2, from))
-            .buffered(DAYS_AT_ONCE)
+            .buffered(REQUESTS_AT_ONCE)
             .try_collect()
             .await?;
         level = found.into_iter().flatten().collect();
@@ -233,7 +234,7 @@ async fn list_days(
                 .await
                 .map_err(|e| Error::store("LIST", described, e))
         })
-        .buffer_unordered(DAYS_AT_ONCE)
+        .buffer_unordered(REQUESTS_AT_ONCE)
         .try_collect()
         .await?;
     Ok(days
@@ -275,12 +276,18 @@ pub async fn load_schemas(
         .try_collect()
         .await
         .map_err(|e| Error::store("LIST", root.to_string(), e))?;
+    // An archive of many tables has a record per table and version.
+    let bodies: Vec<(&ObjectMeta, bytes::Bytes)> = futures::stream::iter(
+        metas
+            .iter()
+            .filter(|m| m.location.as_ref().ends_with(".json")),
+    )
+    .map(|meta| async move { Ok::<_, Error>((meta, get(store, &meta.location).await?)) })
+    .buffered(REQUESTS_AT_ONCE)
+    .try_collect()
+    .await?;
     let mut out: BTreeMap<String, Vec<SchemaRecord>> = BTreeMap::new();
-    for meta in metas
-        .iter()
-        .filter(|m| m.location.as_ref().ends_with(".json"))
-    {
-        let body = get(store, &meta.location).await?;
+    for (meta, body) in bodies {
         let record: SchemaRecord = serde_json::from_slice(&body).map_err(|e| {
             Error::fatal(
                 format!("schema record {} is not valid: {e}", meta.location),

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
@@ -89,8 +90,10 @@ impl Archive {
         pipeline: &str,
         at: Option<&At>,
     ) -> Result<Archive> {
-        let manifest = stable_manifest(store.as_ref(), prefix).await?;
-        let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
+        let (manifest, schemas) = tokio::try_join!(
+            stable_manifest(store.as_ref(), prefix),
+            listing::load_schemas(store.as_ref(), prefix)
+        )?;
         let shapes: BTreeMap<String, Arc<TableShape>> = schemas
             .iter()
             .map(|(table, records)| {
@@ -229,24 +232,27 @@ async fn stable_manifest(store: &dyn ObjectStore, prefix: Option<&str>) -> Resul
     let mut tries = 0;
     loop {
         let manifest = Manifest::load(store, prefix).await?;
-        let mut missing = None;
-        'tables: for entry in manifest.tables.values() {
-            for file in &entry.latest {
+        // One HEAD per file, several at a time; the first missing one in
+        // the manifest's order is reported.
+        let files = manifest.tables.values().flat_map(|e| &e.latest);
+        let found: Vec<(&String, bool)> = futures::stream::iter(files)
+            .map(|file| async move {
                 match store.head(&ObjectPath::from(file.as_str())).await {
-                    Ok(_) => {}
-                    Err(object_store::Error::NotFound { .. }) => {
-                        missing = Some(file.clone());
-                        break 'tables;
-                    }
-                    Err(e) => {
-                        return Err(Error::fatal(
-                            format!("cannot read {file} of the compacted latest view: {e}"),
-                            "check the destination's credentials and network, then run the query again",
-                        ));
-                    }
+                    Ok(_) => Ok((file, true)),
+                    Err(object_store::Error::NotFound { .. }) => Ok((file, false)),
+                    Err(e) => Err(Error::fatal(
+                        format!("cannot read {file} of the compacted latest view: {e}"),
+                        "check the destination's credentials and network, then run the query again",
+                    )),
                 }
-            }
-        }
+            })
+            .buffered(listing::REQUESTS_AT_ONCE)
+            .try_collect()
+            .await?;
+        let missing = found
+            .into_iter()
+            .find(|(_, there)| !there)
+            .map(|(f, _)| f.clone());
         let Some(file) = missing else {
             return Ok(manifest);
         };
