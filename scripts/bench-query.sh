@@ -127,20 +127,28 @@ best() {
 }
 
 # `waltail query` and DuckDB's shell, each a whole process, alternating run
-# by run (this machine's speed drifts); prints both bests, leaves each
-# one's last output in $work/out and $work/cli.
+# by run and which goes first (this machine's speed drifts); prints both
+# bests, leaves each one's last output in $work/out and $work/cli. The
+# shell reads no ~/.duckdbrc (-init /dev/null).
 best_pair() {
-  local ours="" cli=""
-  for _ in $(seq "$RUNS"); do
-    local s e
-    s=$(date +%s.%N)
-    "$bin" query --format csv "$1" >"$work/out" 2>"$work/err" || { cat "$work/err" >&2; exit 1; }
-    e=$(date +%s.%N)
-    ours=$(awk -v b="$ours" -v s="$s" -v e="$e" 'BEGIN { t = e - s; print (b == "" || t < b) ? t : b }')
-    s=$(date +%s.%N)
-    "$duckdb_cli" -csv -c "$2" >"$work/cli" 2>"$work/err" || { cat "$work/err" >&2; exit 1; }
-    e=$(date +%s.%N)
-    cli=$(awk -v b="$cli" -v s="$s" -v e="$e" 'BEGIN { t = e - s; print (b == "" || t < b) ? t : b }')
+  local ours="" cli="" i
+  for i in $(seq "$RUNS"); do
+    local s e order=(ours cli)
+    [ $((i % 2)) = 0 ] && order=(cli ours)
+    for who in "${order[@]}"; do
+      s=$(date +%s.%N)
+      if [ "$who" = ours ]; then
+        "$bin" query --format csv "$1" >"$work/out" 2>"$work/err" || { cat "$work/err" >&2; return 1; }
+      else
+        "$duckdb_cli" -init /dev/null -csv -c "$2" >"$work/cli" 2>"$work/err" || { cat "$work/err" >&2; return 1; }
+      fi
+      e=$(date +%s.%N)
+      if [ "$who" = ours ]; then
+        ours=$(awk -v b="$ours" -v s="$s" -v e="$e" 'BEGIN { t = e - s; print (b == "" || t < b) ? t : b }')
+      else
+        cli=$(awk -v b="$cli" -v s="$s" -v e="$e" 'BEGIN { t = e - s; print (b == "" || t < b) ? t : b }')
+      fi
+    done
   done
   echo "$ours $cli"
 }
@@ -166,7 +174,8 @@ printf '%-14s %-30s %10s %14s %s\n' "query" "engine" "seconds" "rows/s" ""
 for q in "${queries[@]}"; do
   name=${q%%|*}
   sql=${q#*|}
-  read -r wt_s dc_s < <(best_pair "${sql//TABLE/public.bench}" "${sql//TABLE/read_parquet($latest)}")
+  pair=$(best_pair "${sql//TABLE/public.bench}" "${sql//TABLE/read_parquet($latest)}")
+  read -r wt_s dc_s <<<"$pair"
   tail -n +2 "$work/out" | sed 's/\.00\b//g' >"$work/ours"
   tail -n +2 "$work/cli" | sed 's/\.00\b//g' >"$work/theirs"
   if ! cmp -s <(sed 's/"//g' "$work/ours") <(sed 's/"//g' "$work/theirs"); then

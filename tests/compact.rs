@@ -952,6 +952,20 @@ async fn a_large_file_goes_to_s3_in_parts_through_connection_resets() {
         history.iter().any(|&len| len > 10 << 20),
         "no history file needed parts: {history:?}"
     );
+    // S3 tags an object uploaded in N parts `"<md5 of the parts' md5s>-N"`.
+    let metas: Vec<_> = admin_store()
+        .list(Some(&ObjectPath::from(format!("{prefix}/parquet"))))
+        .try_collect()
+        .await
+        .unwrap();
+    let tags: Vec<_> = metas
+        .iter()
+        .map(|m| m.e_tag.clone().unwrap_or_default())
+        .collect();
+    assert!(
+        tags.iter().any(|t| t.trim_matches('"').ends_with("-2")),
+        "no history file went in two parts: {tags:?}"
+    );
     assert_eq!(read_latest(dir.path()).0, archive.expected);
     let counted = duck(&format!(
         "SELECT count(*), count(DISTINCT _seq), sum(length(doc)) FROM read_parquet('{}/parquet/*/*/*/*.parquet')",

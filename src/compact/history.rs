@@ -10,16 +10,17 @@
 //! latest view uses too.
 
 use std::borrow::Borrow;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use object_store::buffered::BufWriter;
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path as ObjectPath;
-use object_store::{MultipartId, ObjectStore, PutPayload};
+use object_store::{MultipartId, ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::AsyncArrowWriter;
 use parquet::arrow::async_writer::AsyncFileWriter;
 use parquet::basic::{GzipLevel, ZstdLevel};
@@ -122,59 +123,99 @@ pub struct ParquetFile {
 /// last, and R2 parts of one size).
 const PART_BYTES: usize = 10 << 20;
 
+/// Parts of one file being sent at once (each holds its 10 MiB).
+const PARTS_IN_FLIGHT: usize = 3;
+
 /// Where a Parquet file's bytes go. Up to [`PART_BYTES`] they are kept in
 /// memory and PUT whole at the end, started again on a transient error for
 /// 2 minutes (`listing::put`: object_store gives up on some connection
-/// resets during a PUT). A larger file goes to S3 as a multipart upload,
-/// each part sent when full and started again the same way (a part is
-/// stored by its number, so sending it twice is harmless), then completed
-/// with the same retry; to the local folder, through object_store's
-/// buffered writer (a disk's errors are not retried). A failed upload is
-/// aborted, so no part is left behind.
+/// resets during a PUT). A larger file goes to S3 as a multipart upload:
+/// each part is sent once full, [`PARTS_IN_FLIGHT`] at a time, and started
+/// again alone the same way (a part is stored by its number, so sending it
+/// twice is harmless), then the upload is completed with the same retry.
+/// To the local folder, a large file goes through object_store's buffered
+/// writer (a disk's errors are not retried). An upload that fails, or is
+/// dropped unfinished (the run failed elsewhere), is aborted, best effort.
 struct Upload {
     output: Output,
     path: ObjectPath,
-    buffer: Vec<u8>,
-    /// S3: the upload under way and the parts it holds, in order.
-    parts: Option<(MultipartId, Vec<PartId>)>,
+    buffer: BytesMut,
+    /// S3: the upload under way.
+    multipart: Option<Multipart>,
     /// The local folder: the buffered writer, once the file is large.
     streamed: Option<BufWriter>,
+    /// A failed upload takes no more bytes (it would be a truncated file).
+    failed: bool,
+}
+
+struct Multipart {
+    store: Arc<dyn MultipartStore>,
+    id: MultipartId,
+    /// Parts sent, in order.
+    done: Vec<PartId>,
+    /// Parts being sent, in order.
+    sending: VecDeque<Task<Result<PartId>>>,
+    /// Bytes in the parts so far.
+    bytes: usize,
+    completed: bool,
 }
 
 impl Upload {
-    /// Sends the first [`PART_BYTES`] of the buffer as the next part,
-    /// starting the upload first if this is the first part.
-    async fn send_part(&mut self, multipart: &Arc<dyn MultipartStore>) -> Result<()> {
+    /// Sends the first [`PART_BYTES`] of the buffer (or all of it, for the
+    /// last part) as the next part, starting the upload first if needed.
+    async fn send_part(&mut self, store: &Arc<dyn MultipartStore>) -> Result<()> {
         let path = &self.path;
-        let described = || path.to_string();
-        let (id, parts) = match &mut self.parts {
+        let upload = match &mut self.multipart {
             Some(upload) => upload,
             None => {
+                // Should a response be lost, a retry starts a second upload
+                // and the first is never completed: a bucket lifecycle rule
+                // on incomplete uploads removes it (see the README).
                 let id = super::listing::retrying(|| async {
-                    multipart
+                    store
                         .create_multipart(path)
                         .await
-                        .map_err(|e| Error::store("start the upload of", described(), e))
+                        .map_err(|e| Error::store("start the upload of", path.to_string(), e))
                 })
                 .await?;
-                self.parts.insert((id, Vec::new()))
+                self.multipart.insert(Multipart {
+                    store: Arc::clone(store),
+                    id,
+                    done: Vec::new(),
+                    sending: VecDeque::new(),
+                    bytes: 0,
+                    completed: false,
+                })
             }
         };
-        let rest = self.buffer.split_off(PART_BYTES.min(self.buffer.len()));
-        let part = PutPayload::from(std::mem::replace(&mut self.buffer, rest));
-        let index = parts.len();
-        let sent = super::listing::retrying(|| async {
-            multipart
-                .put_part(path, id, index, part.clone())
-                .await
-                .map_err(|e| Error::store("PUT a part of", described(), e))
-        })
-        .await?;
-        parts.push(sent);
+        if upload.sending.len() >= PARTS_IN_FLIGHT {
+            let oldest = upload.sending.pop_front().expect("parts in flight");
+            upload.done.push(oldest.join("a part upload").await??);
+        }
+        let take = PART_BYTES.min(self.buffer.len());
+        let part = PutPayload::from(self.buffer.split_to(take).freeze());
+        upload.bytes += take;
+        let index = upload.done.len() + upload.sending.len();
+        let (store, path, id) = (Arc::clone(store), path.clone(), upload.id.clone());
+        upload.sending.push_back(Task::spawn(async move {
+            super::listing::retrying(|| async {
+                store
+                    .put_part(&path, &id, index, part.clone())
+                    .await
+                    .map_err(|e| Error::store("PUT a part of", path.to_string(), e))
+            })
+            .await
+        }));
         Ok(())
     }
 
     async fn write_bytes(&mut self, bytes: Bytes) -> Result<()> {
+        if self.failed {
+            return Err(Error::bug(format!(
+                "{} was written after it failed",
+                self.path
+            )));
+        }
         if let Some(streamed) = &mut self.streamed {
             return AsyncFileWriter::write(streamed, bytes)
                 .await
@@ -185,16 +226,16 @@ impl Upload {
             return Ok(());
         }
         match self.output.parts.clone() {
-            Some(multipart) => {
+            Some(store) => {
                 while self.buffer.len() >= PART_BYTES {
-                    self.send_part(&multipart).await?;
+                    self.send_part(&store).await?;
                 }
                 Ok(())
             }
             None => {
                 let mut streamed =
                     BufWriter::new(Arc::clone(&self.output.store), self.path.clone());
-                let buffered = Bytes::from(std::mem::take(&mut self.buffer));
+                let buffered = std::mem::take(&mut self.buffer).freeze();
                 let written = AsyncFileWriter::write(&mut streamed, buffered).await;
                 self.streamed = Some(streamed);
                 written.map_err(|e| parquet_error(self.path.as_ref(), e))
@@ -203,41 +244,105 @@ impl Upload {
     }
 
     async fn complete_upload(&mut self) -> Result<()> {
+        if self.failed {
+            return Err(Error::bug(format!(
+                "{} was completed after it failed",
+                self.path
+            )));
+        }
         if let Some(streamed) = &mut self.streamed {
             return AsyncFileWriter::complete(streamed)
                 .await
                 .map_err(|e| parquet_error(self.path.as_ref(), e));
         }
-        let multipart = match (&self.parts, &self.output.parts) {
-            (Some(_), Some(multipart)) => Arc::clone(multipart),
+        let store = match (&self.multipart, &self.output.parts) {
+            (Some(_), Some(store)) => Arc::clone(store),
             _ => {
-                let body = Bytes::from(std::mem::take(&mut self.buffer));
+                let body = std::mem::take(&mut self.buffer).freeze();
                 return super::listing::put(self.output.store.as_ref(), &self.path, body).await;
             }
         };
         if !self.buffer.is_empty() {
-            self.send_part(&multipart).await?;
+            self.send_part(&store).await?;
         }
-        let (id, parts) = self.parts.as_ref().expect("a part was sent");
-        let path = &self.path;
-        super::listing::retrying(|| async {
-            multipart
-                .complete_multipart(path, id, parts.clone())
-                .await
-                .map(drop)
-                .map_err(|e| Error::store("complete the upload of", path.to_string(), e))
+        let upload = self.multipart.as_mut().expect("a part was sent");
+        while let Some(part) = upload.sending.pop_front() {
+            upload.done.push(part.join("a part upload").await??);
+        }
+        let (path, store) = (&self.path, &store);
+        let (id, parts) = (&upload.id, &upload.done);
+        let mut tries = 0;
+        let completed = super::listing::retrying(|| {
+            tries += 1;
+            async move {
+                store
+                    .complete_multipart(path, id, parts.clone())
+                    .await
+                    .map(drop)
+                    .map_err(|e| Error::store("complete the upload of", path.to_string(), e))
+            }
         })
-        .await
+        .await;
+        let completed = match completed {
+            // A completion whose response was lost is done: S3 answers
+            // its retry "no such upload". The file is there, whole.
+            Err(e)
+                if tries > 1
+                    && matches!(&e, Error::Store { cause, .. } if matches!(**cause, object_store::Error::NotFound { .. })) =>
+            {
+                match self.output.store.head(path).await {
+                    Ok(meta) if meta.size == upload.bytes as u64 => Ok(()),
+                    _ => Err(e),
+                }
+            }
+            other => other,
+        };
+        upload.completed = completed.is_ok();
+        completed
     }
 
-    /// After a failure: the upload's parts are deleted (best effort: an
-    /// upload left behind is invisible to readers, and a bucket lifecycle
-    /// rule on incomplete uploads removes it).
+    /// After a failure: the upload and its parts are deleted (best effort:
+    /// an upload left behind is invisible to readers, and a bucket
+    /// lifecycle rule on incomplete uploads removes it).
     async fn abort(&mut self) {
-        if let (Some((id, _)), Some(multipart)) = (self.parts.take(), &self.output.parts)
-            && let Err(e) = multipart.abort_multipart(&self.path, &id).await
+        self.failed = true;
+        if let Some(upload) = self.multipart.take() {
+            upload.abort(&self.path).await;
+        }
+    }
+}
+
+impl Multipart {
+    async fn abort(mut self, path: &ObjectPath) {
+        if self.completed {
+            return;
+        }
+        self.completed = true;
+        // Parts still being sent stop first (dropping a Task aborts it).
+        self.sending.clear();
+        let aborted = super::listing::retrying(|| async {
+            match self.store.abort_multipart(path, &self.id).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(Error::store("abort the upload of", path.to_string(), e)),
+            }
+        })
+        .await;
+        if let Err(e) = aborted {
+            tracing::warn!(file = %path, error = %crate::error::Report(&e), "cannot abort an unfinished upload");
+        }
+    }
+}
+
+impl Drop for Upload {
+    /// An upload dropped unfinished (the run failed elsewhere, or was
+    /// stopped) is aborted on a task of its own, if the runtime still runs.
+    fn drop(&mut self) {
+        if let Some(upload) = self.multipart.take()
+            && !upload.completed
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            tracing::warn!(file = %self.path, error = %e, "cannot abort an unfinished upload");
+            let path = self.path.clone();
+            runtime.spawn(async move { upload.abort(&path).await });
         }
     }
 }
@@ -274,9 +379,10 @@ impl ParquetFile {
         let upload = Upload {
             output: output.clone(),
             path: ObjectPath::from(key.as_str()),
-            buffer: Vec::new(),
-            parts: None,
+            buffer: BytesMut::new(),
+            multipart: None,
             streamed: None,
+            failed: false,
         };
         let writer = AsyncArrowWriter::try_new(upload, schema, Some(props))
             .map_err(|e| parquet_error(&key, e))?;
@@ -318,10 +424,14 @@ pub fn parquet_error(key: &str, e: parquet::errors::ParquetError) -> Error {
                 Ok(store) => Error::store("PUT", key, *store),
                 Err(other) => match other.downcast::<Error>() {
                     Ok(ours) => *ours,
-                    Err(other) => Error::fatal(
-                        format!("cannot write {key}: {other}"),
-                        "check the destination and run `waltail compact` again",
-                    ),
+                    // The async writer wraps our writer's error once more.
+                    Err(other) => match other.downcast::<parquet::errors::ParquetError>() {
+                        Ok(nested) => parquet_error(key, *nested),
+                        Err(other) => Error::fatal(
+                            format!("cannot write {key}: {other}"),
+                            "check the destination and run `waltail compact` again",
+                        ),
+                    },
                 },
             }
         }
@@ -457,7 +567,7 @@ mod tests {
     use crate::compact::typing::Cell;
     use arrow::array::AsArray;
     use arrow::datatypes::Int64Type;
-    use object_store::ObjectStoreExt;
+    use futures::StreamExt;
     use object_store::memory::InMemory;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use std::collections::HashSet;
@@ -529,12 +639,16 @@ mod tests {
     }
 
     /// An in-memory store's multipart interface that fails the first try of
-    /// every part and of the completion as a reset connection would.
-    #[derive(Debug)]
+    /// every part and of the completion as a reset connection would, and
+    /// refuses part `refuse` for good (as a 403 would).
+    #[derive(Debug, Default)]
     struct FirstTryFails {
         inner: Arc<InMemory>,
+        refuse: Option<usize>,
         tried: Mutex<HashSet<String>>,
-        parts: Mutex<Vec<usize>>,
+        /// Parts stored: (index, bytes).
+        parts: Mutex<Vec<(usize, usize)>>,
+        aborted: Mutex<bool>,
     }
 
     impl FirstTryFails {
@@ -562,12 +676,15 @@ mod tests {
             part_idx: usize,
             data: PutPayload,
         ) -> object_store::Result<PartId> {
+            if self.refuse == Some(part_idx) {
+                return Err(object_store::Error::PermissionDenied {
+                    path: path.to_string(),
+                    source: "refused".into(),
+                });
+            }
             self.first_try(format!("part {part_idx}"))?;
-            assert!(
-                data.content_length() <= PART_BYTES,
-                "a part larger than PART_BYTES"
-            );
-            self.parts.lock().unwrap().push(part_idx);
+            let len = data.content_length();
+            self.parts.lock().unwrap().push((part_idx, len));
             self.inner.put_part(path, id, part_idx, data).await
         }
 
@@ -586,30 +703,90 @@ mod tests {
             path: &ObjectPath,
             id: &MultipartId,
         ) -> object_store::Result<()> {
+            *self.aborted.lock().unwrap() = true;
             self.inner.abort_multipart(path, id).await
         }
     }
 
     #[tokio::test]
     async fn a_large_file_goes_in_parts_each_tried_again_alone() {
-        let inner = Arc::new(InMemory::new());
-        let flaky = Arc::new(FirstTryFails {
-            inner: Arc::clone(&inner),
-            tried: Mutex::default(),
-            parts: Mutex::default(),
-        });
+        let flaky = Arc::new(FirstTryFails::default());
         let output = Output {
-            store: inner,
+            store: Arc::clone(&flaky.inner) as Arc<dyn ObjectStore>,
             parts: Some(Arc::clone(&flaky) as Arc<dyn MultipartStore>),
         };
         // About 30 MB of random letters: three parts.
         let n = 20_000;
         let (seqs, _) = write_and_read(&output, n, 2000).await;
         assert_eq!(seqs, (1..=n as i64).collect::<Vec<_>>());
-        // Each part failed once and was sent again under its own number.
-        let parts = flaky.parts.lock().unwrap().clone();
+        // Each part failed once and was sent again under its own number;
+        // all but the last of PART_BYTES exactly.
+        let mut parts = flaky.parts.lock().unwrap().clone();
+        parts.sort();
         assert!(parts.len() >= 3, "{parts:?}");
-        assert_eq!(parts, (0..parts.len()).collect::<Vec<_>>());
+        let (last, full) = parts.split_last().unwrap();
+        assert!(full.iter().all(|&(_, len)| len == PART_BYTES), "{parts:?}");
+        assert!(last.1 > 0 && last.1 <= PART_BYTES, "{parts:?}");
+        let indexes: Vec<usize> = parts.iter().map(|p| p.0).collect();
+        assert_eq!(indexes, (0..parts.len()).collect::<Vec<_>>());
         assert!(flaky.tried.lock().unwrap().contains("completion"));
+        assert!(!*flaky.aborted.lock().unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_part_refused_for_good_fails_the_file_and_aborts_its_upload() {
+        let flaky = Arc::new(FirstTryFails {
+            refuse: Some(1),
+            ..Default::default()
+        });
+        let output = Output {
+            store: Arc::clone(&flaky.inner) as Arc<dyn ObjectStore>,
+            parts: Some(Arc::clone(&flaky) as Arc<dyn MultipartStore>),
+        };
+        let shape = Arc::new(TableShape::test_t());
+        let schema = history_schema(&shape);
+        let props = writer_properties(&crate::config::CompactConfig::default());
+        let mut file =
+            ParquetFile::create(&output, "h.parquet".into(), Arc::clone(&schema), props).unwrap();
+        let mut rng = fastrand::Rng::with_seed(3);
+        let failed = async {
+            for start in (1..=20_000u64).step_by(1000) {
+                let changes: Vec<TypedChange> = (start..start + 1000)
+                    .map(|seq| TypedChange {
+                        op_name: "insert".into(),
+                        op: ChangeOp::Upsert,
+                        seq,
+                        lsn: "0/1".into(),
+                        key: Some(format!(r#"{{"id":{seq}}}"#)),
+                        old_key: None,
+                        cells: vec![
+                            Cell::Int(seq as i64),
+                            Cell::Str(
+                                std::iter::repeat_with(|| rng.alphanumeric())
+                                    .take(2000)
+                                    .collect::<String>()
+                                    .into(),
+                            ),
+                        ],
+                        old: None,
+                        unchanged: None,
+                    })
+                    .collect();
+                let columns = history_columns(&shape, &changes);
+                let batch = RecordBatch::try_new(Arc::clone(&schema), columns).unwrap();
+                file.write(&batch).await?;
+            }
+            file.finish().await.map(drop)
+        }
+        .await;
+        // Our error, not a wrapped text: the store's refusal, as such.
+        let e = failed.unwrap_err();
+        assert!(
+            matches!(&e, Error::Store { cause, .. } if matches!(**cause, object_store::Error::PermissionDenied { .. })),
+            "{e:?}"
+        );
+        assert!(*flaky.aborted.lock().unwrap(), "the upload was not aborted");
+        let listed: Vec<_> = flaky.inner.list(None).collect().await;
+        assert!(listed.is_empty(), "{listed:?}");
     }
 }

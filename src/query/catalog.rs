@@ -90,10 +90,14 @@ impl Archive {
         pipeline: &str,
         at: Option<&At>,
     ) -> Result<Archive> {
-        let (manifest, schemas) = tokio::try_join!(
+        let ((manifest, waited), mut schemas) = tokio::try_join!(
             stable_manifest(store.as_ref(), prefix),
             listing::load_schemas(store.as_ref(), prefix)
         )?;
+        if waited {
+            // The manifest read last is newer than these records may be.
+            schemas = listing::load_schemas(store.as_ref(), prefix).await?;
+        }
         let shapes: BTreeMap<String, Arc<TableShape>> = schemas
             .iter()
             .map(|(table, records)| {
@@ -228,7 +232,11 @@ const MANIFEST_TRIES: u32 = 10;
 /// missing key as an empty folder) and the compacted rows would silently
 /// vanish from the answer: while `compact` publishes a generation, the
 /// manifest may name files still being moved into place.
-async fn stable_manifest(store: &dyn ObjectStore, prefix: Option<&str>) -> Result<Manifest> {
+/// Also says whether it had to read the manifest again.
+async fn stable_manifest(
+    store: &dyn ObjectStore,
+    prefix: Option<&str>,
+) -> Result<(Manifest, bool)> {
     let mut tries = 0;
     loop {
         let manifest = Manifest::load(store, prefix).await?;
@@ -254,7 +262,7 @@ async fn stable_manifest(store: &dyn ObjectStore, prefix: Option<&str>) -> Resul
             .find(|(_, there)| !there)
             .map(|(f, _)| f.clone());
         let Some(file) = missing else {
-            return Ok(manifest);
+            return Ok((manifest, tries > 0));
         };
         tries += 1;
         if tries >= MANIFEST_TRIES {

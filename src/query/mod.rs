@@ -152,11 +152,17 @@ impl Query {
                 options.verify_plan(&plan).map_err(located)?;
                 let frame = ctx.execute_logical_plan(plan).await.map_err(located)?;
                 let stream = frame.execute_stream().await.map_err(located)?;
+                // A statement without columns (SET) prints nothing, not even a separator.
+                let printed = !stream.schema().fields().is_empty();
                 let (written, _) = output::write(&mut out, self.format, stream, located).await?;
                 if written == Written::Closed {
                     return Ok(true);
                 }
-                if self.format == Format::Table && i + 1 < count && writeln!(out).is_err() {
+                if self.format == Format::Table
+                    && printed
+                    && i + 1 < count
+                    && writeln!(out).is_err()
+                {
                     return Ok(true);
                 }
             }
