@@ -291,7 +291,8 @@ pub enum Cell {
     Bool(bool),
     /// A decimal's unscaled value.
     Dec(i128),
-    Str(Box<str>),
+    /// Inline up to 24 bytes, so most short texts cost no allocation.
+    Str(compact_str::CompactString),
 }
 
 /// Parses one JSON value as rendered by the source into a cell of `kind`;
