@@ -549,7 +549,7 @@ pub fn history_columns<R: Borrow<TypedChange>>(shape: &TableShape, rows: &[R]) -
     let text = |f: &dyn Fn(&TypedChange) -> Option<&str>| -> ArrayRef {
         Arc::new(rows.iter().map(|r| f(r)).collect::<StringArray>())
     };
-    columns.push(text(&|r| Some(r.op_name.as_str())));
+    columns.push(text(&|r| Some(r.op_name)));
     columns.push(Arc::new(
         rows.iter().map(|r| r.seq as i64).collect::<Int64Array>(),
     ));
@@ -588,10 +588,10 @@ mod tests {
                 .collect();
             docs.push(doc.clone());
             let change = TypedChange {
-                op_name: "insert".into(),
+                op_name: "insert",
                 op: ChangeOp::Upsert,
                 seq,
-                lsn: format!("0/{seq:X}"),
+                lsn: format!("0/{seq:X}").into(),
                 key: Some(format!(r#"{{"id":{seq}}}"#)),
                 old_key: None,
                 cells: vec![Cell::Int(seq as i64), Cell::Str(doc.into())],
@@ -753,7 +753,7 @@ mod tests {
             for start in (1..=20_000u64).step_by(1000) {
                 let changes: Vec<TypedChange> = (start..start + 1000)
                     .map(|seq| TypedChange {
-                        op_name: "insert".into(),
+                        op_name: "insert",
                         op: ChangeOp::Upsert,
                         seq,
                         lsn: "0/1".into(),

@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use compact_str::CompactString;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use futures::StreamExt;
@@ -50,7 +51,7 @@ const BATCH_ROWS: usize = 8192;
 #[derive(Debug, Clone)]
 struct Row {
     seq: u64,
-    lsn: Box<str>,
+    lsn: CompactString,
     cells: Vec<Cell>,
 }
 
@@ -258,14 +259,8 @@ impl LatestView {
                 };
             }
         }
-        self.rows.insert(
-            key.into_boxed_str(),
-            Row {
-                seq,
-                lsn: lsn.into_boxed_str(),
-                cells,
-            },
-        );
+        self.rows
+            .insert(key.into_boxed_str(), Row { seq, lsn, cells });
     }
 
     /// Removes the row under `key`; its values.
@@ -528,7 +523,7 @@ mod tests {
 
     fn change(op: ChangeOp, seq: u64, id: i64, doc: Cell, old_key: Option<i64>) -> TypedChange {
         TypedChange {
-            op_name: "x".into(),
+            op_name: "update",
             op,
             seq,
             lsn: "0/1".into(),

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use compact_str::CompactString;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -39,10 +40,12 @@ pub enum ChangeOp {
 /// A change typed by its table's shape.
 #[derive(Debug, Clone)]
 pub struct TypedChange {
-    pub op_name: String,
+    /// As the archive names it (see [`op_name`]).
+    pub op_name: &'static str,
     pub op: ChangeOp,
     pub seq: u64,
-    pub lsn: String,
+    /// Inline: an LSN is at most 17 bytes.
+    pub lsn: CompactString,
     /// The row's key as JSON (`{"id":1}`); `None` for a truncate or a table
     /// without key.
     pub key: Option<String>,
@@ -69,14 +72,18 @@ pub fn key_json(shape: &TableShape, row: &Map<String, Value>) -> Option<String> 
     Some(Value::Object(key).to_string())
 }
 
+/// The name of an op the archive writes, as a static (not a String per
+/// change).
+pub fn op_name(op: &str) -> Option<&'static str> {
+    ["insert", "update", "read", "delete", "truncate"]
+        .into_iter()
+        .find(|name| *name == op)
+}
+
 /// Types one envelope; the error names the column and the value.
 pub fn type_change(shape: &TableShape, env: Envelope) -> Result<TypedChange, String> {
-    let op = match env.op.as_str() {
-        "insert" | "update" | "read" => ChangeOp::Upsert,
-        "delete" => ChangeOp::Delete,
-        "truncate" => ChangeOp::Truncate,
-        other => return Err(format!("unknown op {other:?}")),
-    };
+    let op = change_op(&env.op)?;
+    let op_name = op_name(&env.op).expect("a known op");
     let mut cells = vec![Cell::Absent; shape.columns.len()];
     let mut unchanged = Vec::new();
     if let Some(data) = &env.data {
@@ -111,10 +118,10 @@ pub fn type_change(shape: &TableShape, env: Envelope) -> Result<TypedChange, Str
     };
     let old_key = env.old.as_ref().and_then(|o| key_json(shape, o));
     Ok(TypedChange {
-        op_name: env.op,
+        op_name,
         op,
         seq: env.seq,
-        lsn: env.commit_lsn,
+        lsn: env.commit_lsn.into(),
         key,
         old_key,
         cells,
@@ -164,6 +171,7 @@ pub fn type_line(shapes: &HashMap<String, Arc<TableShape>>, line: &[u8]) -> Resu
         return Ok(Line { seq, change: None });
     };
     let op = change_op(&op_name)?;
+    let op_name = self::op_name(&op_name).expect("a known op");
     let (mut cells, key) = match fast.data {
         Some(row) => {
             let row = row?;
@@ -230,7 +238,7 @@ fn unchanged_columns(shape: &TableShape, cells: &[Cell]) -> Option<String> {
 
 /// What the single pass over a line found.
 struct FastLine {
-    op: Option<String>,
+    op: Option<CompactString>,
     table: Option<String>,
     shape: Option<Arc<TableShape>>,
     /// The row of `data` (`Err`: a value that does not fit its column,
@@ -238,7 +246,7 @@ struct FastLine {
     data: Option<Result<Row, String>>,
     old: Option<Map<String, Value>>,
     seq: Option<u64>,
-    lsn: Option<String>,
+    lsn: Option<CompactString>,
 }
 
 /// `data` as cells, with the key columns' JSON values.
@@ -280,7 +288,7 @@ impl<'de> Visitor<'de> for LineSeed<'_> {
         let mut out_of_order = false;
         while let Some(field) = map.next_key::<Cow<'de, str>>()? {
             match &*field {
-                "op" => line.op = Some(map.next_value::<Cow<'de, str>>()?.into_owned()),
+                "op" => line.op = Some(map.next_value::<Cow<'de, str>>()?.as_ref().into()),
                 "table" => {
                     let table = map.next_value::<Cow<'de, str>>()?;
                     line.shape = self.shapes.get(&*table).cloned();
@@ -300,7 +308,9 @@ impl<'de> Visitor<'de> for LineSeed<'_> {
                 },
                 "old" => line.old = map.next_value()?,
                 "seq" => line.seq = Some(map.next_value()?),
-                "commit_lsn" => line.lsn = Some(map.next_value()?),
+                "commit_lsn" => {
+                    line.lsn = Some(map.next_value::<Cow<'de, str>>()?.as_ref().into());
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }

@@ -527,10 +527,10 @@ fn read_steps(shape: &TableShape, path: &PathBuf, out: &mut Vec<Step>) -> Result
                 _ => ChangeOp::Truncate,
             };
             out.push(Step::Change(Arc::new(TypedChange {
-                op_name: String::new(),
+                op_name: "",
                 op,
                 seq,
-                lsn: lsns.value(i).to_string(),
+                lsn: lsns.value(i).into(),
                 key: opt(keys, i),
                 old_key: opt(old_keys, i),
                 cells: row,
@@ -552,10 +552,10 @@ mod tests {
 
     fn change(op: ChangeOp, seq: u64, id: i64, doc: Cell, old: Option<i64>) -> Arc<TypedChange> {
         Arc::new(TypedChange {
-            op_name: String::new(),
+            op_name: "",
             op,
             seq,
-            lsn: format!("0/{seq}"),
+            lsn: format!("0/{seq}").into(),
             key: (op != ChangeOp::Truncate).then(|| format!(r#"{{"id":{id}}}"#)),
             old_key: old.map(|k| format!(r#"{{"id":{k}}}"#)),
             cells: vec![Cell::Int(id), doc],

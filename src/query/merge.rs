@@ -210,7 +210,7 @@ mod tests {
 
     fn upsert(seq: u64, id: i64, doc: Cell, old: Option<i64>) -> TypedChange {
         TypedChange {
-            op_name: "update".into(),
+            op_name: "update",
             op: ChangeOp::Upsert,
             seq,
             lsn: "0/1".into(),
