@@ -6,8 +6,8 @@
 //!
 //! Files are streamed to the store (multipart upload, visible only when
 //! complete), a row group at a time, so memory holds at most a row group
-//! and a part per table being written. Shared here: [`ParquetFile`], the writer the
-//! latest view uses too.
+//! and four 10 MiB parts per file being written (see `Upload`). Shared
+//! here: [`ParquetFile`], the writer the latest view uses too.
 
 use std::borrow::Borrow;
 use std::collections::VecDeque;

@@ -347,9 +347,10 @@ async fn run(
         // of its own (memory holds that many buckets); one at a time when
         // an update carried values across buckets, which would otherwise
         // cost replays (see MergeInput::moved).
-        let mergers = match spooled.is_some_and(|s| s.carried_moves > 0) {
-            true => 1,
-            false => MERGERS,
+        let mergers = if spooled.is_some_and(|s| s.carried_moves > 0) {
+            1
+        } else {
+            MERGERS
         };
         let input = Arc::new(MergeInput {
             ctx: ctx.clone(),

@@ -72,18 +72,9 @@ pub fn key_json(shape: &TableShape, row: &Map<String, Value>) -> Option<String> 
     Some(Value::Object(key).to_string())
 }
 
-/// The name of an op the archive writes, as a static (not a String per
-/// change).
-pub fn op_name(op: &str) -> Option<&'static str> {
-    ["insert", "update", "read", "delete", "truncate"]
-        .into_iter()
-        .find(|name| *name == op)
-}
-
 /// Types one envelope; the error names the column and the value.
 pub fn type_change(shape: &TableShape, env: Envelope) -> Result<TypedChange, String> {
-    let op = change_op(&env.op)?;
-    let op_name = op_name(&env.op).expect("a known op");
+    let (op, op_name) = parse_op(&env.op)?;
     let mut cells = vec![Cell::Absent; shape.columns.len()];
     let mut unchanged = Vec::new();
     if let Some(data) = &env.data {
@@ -170,8 +161,7 @@ pub fn type_line(shapes: &HashMap<String, Arc<TableShape>>, line: &[u8]) -> Resu
         }
         return Ok(Line { seq, change: None });
     };
-    let op = change_op(&op_name)?;
-    let op_name = self::op_name(&op_name).expect("a known op");
+    let (op, op_name) = parse_op(&op_name)?;
     let (mut cells, key) = match fast.data {
         Some(row) => {
             let row = row?;
@@ -215,11 +205,15 @@ pub fn type_line(shapes: &HashMap<String, Arc<TableShape>>, line: &[u8]) -> Resu
     })
 }
 
-fn change_op(op: &str) -> Result<ChangeOp, String> {
+/// What an op the archive writes does, and its name as a static (not a
+/// String per change).
+pub fn parse_op(op: &str) -> Result<(ChangeOp, &'static str), String> {
     Ok(match op {
-        "insert" | "update" | "read" => ChangeOp::Upsert,
-        "delete" => ChangeOp::Delete,
-        "truncate" => ChangeOp::Truncate,
+        "insert" => (ChangeOp::Upsert, "insert"),
+        "update" => (ChangeOp::Upsert, "update"),
+        "read" => (ChangeOp::Upsert, "read"),
+        "delete" => (ChangeOp::Delete, "delete"),
+        "truncate" => (ChangeOp::Truncate, "truncate"),
         other => return Err(format!("unknown op {other:?}")),
     })
 }

@@ -47,7 +47,7 @@ use super::tail::{Bounds, TailKind, TailTable, typed_changes};
 use crate::compact::history::{history_schema, table_dir};
 use crate::compact::latest::latest_schema;
 use crate::compact::listing;
-use crate::compact::read::{self, ChangeOp, TypedChange, key_json};
+use crate::compact::read::{self, TypedChange, key_json};
 use crate::compact::session::table_url;
 use crate::compact::typing::{Cell, TableShape, read_cells};
 use crate::{Error, Result};
@@ -518,17 +518,8 @@ fn history_changes(shape: &TableShape, batch: &RecordBatch) -> Result<Vec<TypedC
         .expect("cast to Int64");
     let mut out = Vec::with_capacity(batch.num_rows());
     for (i, mut cells) in cells.into_iter().enumerate() {
-        let op_name = read::op_name(ops.value(i)).ok_or_else(|| {
-            Error::fatal(
-                format!("_op {:?} is not an op the archive writes", ops.value(i)),
-                "compact the table again",
-            )
-        })?;
-        let op = match op_name {
-            "delete" => ChangeOp::Delete,
-            "truncate" => ChangeOp::Truncate,
-            _ => ChangeOp::Upsert,
-        };
+        let (op, op_name) = read::parse_op(ops.value(i))
+            .map_err(|e| Error::fatal(format!("_op: {e}"), "compact the table again"))?;
         if !unchanged.is_null(i)
             && let Ok(Value::Array(names)) = serde_json::from_str::<Value>(unchanged.value(i))
         {
