@@ -282,25 +282,20 @@ async fn run(
                 if change.seq < start {
                     continue;
                 }
-                let shape = &shape;
-                let table = shape.table.clone();
                 let change = Arc::new(change);
-                spool.push(shape, &change).await?;
-                let hist = match open.get_mut(&table) {
-                    Some(h) => h,
-                    None => {
-                        let key = history::history_key(
-                            prefix,
-                            shape,
-                            &file.date,
-                            file.first_seq.max(start),
-                            file.last_seq,
-                        );
-                        let h =
-                            HistoryFile::create(&output, key, Arc::clone(shape), props.clone())?;
-                        open.entry(table.clone()).or_insert(h)
-                    }
-                };
+                spool.push(&shape, &change).await?;
+                if !open.contains_key(&shape.table) {
+                    let key = history::history_key(
+                        prefix,
+                        &shape,
+                        &file.date,
+                        file.first_seq.max(start),
+                        file.last_seq,
+                    );
+                    let h = HistoryFile::create(&output, key, Arc::clone(&shape), props.clone())?;
+                    open.insert(shape.table.clone(), h);
+                }
+                let hist = open.get_mut(&shape.table).expect("inserted above");
                 hist.push(change).await?;
                 summary.changes += 1;
             }

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use super::typing::{Cell, Kind, TableShape, parse_cell};
+use super::typing::{Cell, Kind, TableShape, int_cell, parse_cell, parse_decimal, parse_str_cell};
 
 /// One envelope line as written by `waltail run`.
 #[derive(Debug, Deserialize)]
@@ -59,17 +59,41 @@ pub struct TypedChange {
     pub unchanged: Option<String>,
 }
 
-/// The key of a row as JSON: the key columns' values in key order.
+/// The key of a row as JSON: `{"name":value,...}` over the key columns in
+/// the order of their names (serde_json's map order, which the keys of
+/// every compacted archive were written in: the bucket of a row is the hash
+/// of this text, so it must never change), a missing column as null.
 pub fn key_json(shape: &TableShape, row: &Map<String, Value>) -> Option<String> {
-    if shape.key.is_empty() {
-        return None;
+    key_text(shape, |i| row.get(&shape.columns[i].name))
+}
+
+/// [`key_json`] of the key columns' values `value(column index)`.
+fn key_text<'v>(shape: &TableShape, value: impl Fn(usize) -> Option<&'v Value>) -> Option<String> {
+    let write = |out: &mut Vec<u8>, i: usize| {
+        serde_json::to_writer(&mut *out, &shape.columns[i].name).expect("writes to memory");
+        out.push(b':');
+        serde_json::to_writer(&mut *out, value(i).unwrap_or(&Value::Null))
+            .expect("writes to memory");
+    };
+    let mut out = Vec::with_capacity(32);
+    out.push(b'{');
+    match shape.key.as_slice() {
+        [] => return None,
+        [one] => write(&mut out, *one),
+        several => {
+            let mut by_name = several.to_vec();
+            by_name.sort_by(|a, b| shape.columns[*a].name.cmp(&shape.columns[*b].name));
+            by_name.dedup();
+            for (n, i) in by_name.into_iter().enumerate() {
+                if n > 0 {
+                    out.push(b',');
+                }
+                write(&mut out, i);
+            }
+        }
     }
-    let mut key = Map::new();
-    for &i in &shape.key {
-        let name = &shape.columns[i].name;
-        key.insert(name.clone(), row.get(name).cloned().unwrap_or(Value::Null));
-    }
-    Some(Value::Object(key).to_string())
+    out.push(b'}');
+    Some(String::from_utf8(out).expect("serde_json writes UTF-8"))
 }
 
 /// Types one envelope; the error names the column and the value.
@@ -156,20 +180,21 @@ pub fn type_line(shapes: &HashMap<String, Arc<TableShape>>, line: &[u8]) -> Resu
     let op_name = fast.op.ok_or_else(|| missing("op"))?;
     let lsn = fast.lsn.ok_or_else(|| missing("commit_lsn"))?;
     let Some(shape) = fast.shape else {
-        if fast.table.is_none() {
+        if !fast.table {
             return Err(missing("table"));
         }
         return Ok(Line { seq, change: None });
     };
     let (op, op_name) = parse_op(&op_name)?;
-    let (mut cells, key) = match fast.data {
+    let (mut cells, data_key) = match fast.data {
         Some(row) => {
             let row = row?;
-            (row.cells, Some(row.keys))
+            let key = row.key(&shape);
+            (row.cells, Some(key))
         }
         None => (vec![Cell::Absent; shape.columns.len()], None),
     };
-    let unchanged = if key.is_some() && op_name == "update" {
+    let unchanged = if data_key.is_some() && op_name == "update" {
         unchanged_columns(&shape, &cells)
     } else {
         None
@@ -177,7 +202,7 @@ pub fn type_line(shapes: &HashMap<String, Arc<TableShape>>, line: &[u8]) -> Resu
     if op != ChangeOp::Upsert {
         cells.fill(Cell::Null);
     }
-    let data_key = key.as_ref().and_then(|k| key_json(&shape, k));
+    let data_key = data_key.flatten();
     let key = match op {
         ChangeOp::Upsert => data_key,
         ChangeOp::Delete => fast
@@ -233,7 +258,8 @@ fn unchanged_columns(shape: &TableShape, cells: &[Cell]) -> Option<String> {
 /// What the single pass over a line found.
 struct FastLine {
     op: Option<CompactString>,
-    table: Option<String>,
+    /// Whether the line named its table.
+    table: bool,
     shape: Option<Arc<TableShape>>,
     /// The row of `data` (`Err`: a value that does not fit its column,
     /// reported once the line is read).
@@ -243,10 +269,19 @@ struct FastLine {
     lsn: Option<CompactString>,
 }
 
-/// `data` as cells, with the key columns' JSON values.
+/// `data` as cells, with the key columns' JSON values (by column index).
 struct Row {
     cells: Vec<Cell>,
-    keys: Map<String, Value>,
+    keys: Vec<(usize, Value)>,
+}
+
+impl Row {
+    /// The row's key as [`key_json`] gives it.
+    fn key(&self, shape: &TableShape) -> Option<String> {
+        key_text(shape, |i| {
+            self.keys.iter().find(|(k, _)| *k == i).map(|(_, v)| v)
+        })
+    }
 }
 
 struct LineSeed<'s> {
@@ -272,7 +307,7 @@ impl<'de> Visitor<'de> for LineSeed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut line = FastLine {
             op: None,
-            table: None,
+            table: false,
             shape: None,
             data: None,
             old: None,
@@ -286,17 +321,17 @@ impl<'de> Visitor<'de> for LineSeed<'_> {
                 "table" => {
                     let table = map.next_value::<Cow<'de, str>>()?;
                     line.shape = self.shapes.get(&*table).cloned();
-                    line.table = Some(table.into_owned());
+                    line.table = true;
                 }
-                "data" => match (&line.table, &line.shape) {
-                    (None, _) => {
+                "data" => match (line.table, &line.shape) {
+                    (false, _) => {
                         out_of_order = true;
                         map.next_value::<IgnoredAny>()?;
                     }
-                    (Some(_), None) => {
+                    (true, None) => {
                         map.next_value::<IgnoredAny>()?;
                     }
-                    (Some(_), Some(shape)) => {
+                    (true, Some(shape)) => {
                         line.data = map.next_value_seed(RowSeed { shape })?;
                     }
                 },
@@ -348,7 +383,7 @@ impl<'de> Visitor<'de> for RowSeed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let shape = self.shape;
         let mut cells = vec![Cell::Absent; shape.columns.len()];
-        let mut keys = Map::new();
+        let mut keys = Vec::with_capacity(shape.key.len());
         let mut error = None;
         while let Some(name) = map.next_key::<Cow<'de, str>>()? {
             let Some(i) = shape.column(&name) else {
@@ -364,7 +399,8 @@ impl<'de> Visitor<'de> for RowSeed<'_> {
                 let v: Value = map.next_value()?;
                 let cell = parse_cell(kind, &v);
                 if is_key {
-                    keys.insert(name.clone().into_owned(), v);
+                    keys.retain(|(k, _)| *k != i);
+                    keys.push((i, v));
                 }
                 cell
             } else {
@@ -388,6 +424,11 @@ impl<'de> Visitor<'de> for RowSeed<'_> {
 /// would parse its `Value`, without building one for numbers and strings.
 struct CellSeed {
     kind: Kind,
+}
+
+/// parse_cell's error for a number that does not fit `kind`.
+fn not_valid(kind: Kind, v: impl fmt::Display) -> String {
+    format!("{v} is not a valid {}", kind.describe())
 }
 
 impl<'de> DeserializeSeed<'de> for CellSeed {
@@ -415,30 +456,51 @@ impl<'de> Visitor<'de> for CellSeed {
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
         Ok(match self.kind {
-            Kind::Int64 => Ok(Cell::Int(v)),
+            kind @ (Kind::Int16 | Kind::Int32 | Kind::Int64) => {
+                int_cell(kind, v).ok_or_else(|| not_valid(kind, v))
+            }
+            Kind::Decimal { precision, scale } => {
+                parse_decimal(itoa::Buffer::new().format(v), precision, scale)
+                    .map(Cell::Dec)
+                    .ok_or_else(|| not_valid(self.kind, v))
+            }
             kind => parse_cell(kind, &Value::from(v)),
         })
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
         Ok(match self.kind {
-            Kind::Int64 if v <= i64::MAX as u64 => Ok(Cell::Int(v as i64)),
+            kind @ (Kind::Int16 | Kind::Int32 | Kind::Int64) => i64::try_from(v)
+                .ok()
+                .and_then(|v| int_cell(kind, v))
+                .ok_or_else(|| not_valid(kind, v)),
+            Kind::Decimal { precision, scale } => {
+                parse_decimal(itoa::Buffer::new().format(v), precision, scale)
+                    .map(Cell::Dec)
+                    .ok_or_else(|| not_valid(self.kind, v))
+            }
             kind => parse_cell(kind, &Value::from(v)),
         })
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
         Ok(match self.kind {
-            Kind::Float64 => Ok(Cell::Float(v)),
+            Kind::Float32 | Kind::Float64 => Ok(Cell::Float(v)),
+            // serde_json writes a number that is a float as ryu does, so
+            // this is the text parse_cell would parse.
+            Kind::Decimal { precision, scale } if v.is_finite() => {
+                let mut text = ryu::Buffer::new();
+                let text = text.format_finite(v);
+                parse_decimal(text, precision, scale)
+                    .map(Cell::Dec)
+                    .ok_or_else(|| not_valid(self.kind, text))
+            }
             kind => parse_cell(kind, &Value::from(v)),
         })
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(match self.kind {
-            Kind::Text => Ok(Cell::Str(v.into())),
-            kind => parse_cell(kind, &Value::String(v.to_string())),
-        })
+        Ok(parse_str_cell(self.kind, v))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
@@ -564,6 +626,23 @@ mod tests {
             let what = |e: &str| e.split(':').next().unwrap().to_string();
             assert_eq!(what(&fast), what(&slow), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_key_is_written_in_column_name_order_as_every_archive_was() {
+        // The bucket of a row is the hash of this text: it must not change.
+        let mut shape = shape();
+        shape.columns.push(Column {
+            name: "code".into(),
+            kind: Kind::Text,
+        });
+        shape.key = vec![0, 2];
+        let row = serde_json::from_str(r#"{"code":"a\"é","id":7,"doc":1}"#).unwrap();
+        assert_eq!(key_json(&shape, &row).unwrap(), r#"{"code":"a\"é","id":7}"#);
+        shape.key = vec![2];
+        assert_eq!(key_json(&shape, &Map::new()).unwrap(), r#"{"code":null}"#);
+        shape.key = vec![];
+        assert_eq!(key_json(&shape, &row), None);
     }
 
     #[test]

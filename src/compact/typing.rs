@@ -298,48 +298,64 @@ pub enum Cell {
 /// Parses one JSON value as rendered by the source into a cell of `kind`;
 /// the error says what the value is and why it does not fit.
 pub fn parse_cell(kind: Kind, value: &Value) -> Result<Cell, String> {
-    if value.is_null() {
-        return Ok(Cell::Null);
-    }
     let bad = || format!("{value} is not a valid {}", kind.describe());
-    Ok(match kind {
-        Kind::Int16 | Kind::Int32 | Kind::Int64 => {
-            let n = value.as_i64().ok_or_else(bad)?;
-            let fits = match kind {
-                Kind::Int16 => i16::try_from(n).is_ok(),
-                Kind::Int32 => i32::try_from(n).is_ok(),
-                _ => true,
-            };
-            if !fits {
-                return Err(bad());
+    Ok(match value {
+        Value::Null => Cell::Null,
+        Value::String(s) => return parse_str_cell(kind, s),
+        Value::Number(n) => match kind {
+            Kind::Int16 | Kind::Int32 | Kind::Int64 => {
+                int_cell(kind, n.as_i64().ok_or_else(bad)?).ok_or_else(bad)?
             }
-            Cell::Int(n)
-        }
-        Kind::Float32 | Kind::Float64 => Cell::Float(match value {
-            Value::Number(n) => n.as_f64().ok_or_else(bad)?,
-            Value::String(s) => match s.as_str() {
-                "NaN" => f64::NAN,
-                "Infinity" => f64::INFINITY,
-                "-Infinity" => f64::NEG_INFINITY,
-                _ => return Err(bad()),
-            },
+            Kind::Float32 | Kind::Float64 => Cell::Float(n.as_f64().ok_or_else(bad)?),
+            Kind::Decimal { precision, scale } => {
+                Cell::Dec(parse_decimal(&n.to_string(), precision, scale).ok_or_else(bad)?)
+            }
+            Kind::Text | Kind::Json => Cell::Str(n.to_string().into()),
+            Kind::Bool | Kind::Date | Kind::Timestamp | Kind::TimestampTz => return Err(bad()),
+        },
+        Value::Bool(b) => match kind {
+            Kind::Bool => Cell::Bool(*b),
+            Kind::Text | Kind::Json => Cell::Str(value.to_string().into()),
+            _ => return Err(bad()),
+        },
+        Value::Array(_) | Value::Object(_) => match kind {
+            Kind::Text | Kind::Json => Cell::Str(value.to_string().into()),
+            _ => return Err(bad()),
+        },
+    })
+}
+
+/// An integer as a cell of an integer `kind`, if it fits.
+pub fn int_cell(kind: Kind, n: i64) -> Option<Cell> {
+    let fits = match kind {
+        Kind::Int16 => i16::try_from(n).is_ok(),
+        Kind::Int32 => i32::try_from(n).is_ok(),
+        _ => true,
+    };
+    fits.then_some(Cell::Int(n))
+}
+
+/// [`parse_cell`] of a JSON string, without a `Value` around it (the
+/// archive reader parses strings straight from the line).
+pub fn parse_str_cell(kind: Kind, s: &str) -> Result<Cell, String> {
+    let bad = || format!("{} is not a valid {}", Value::from(s), kind.describe());
+    Ok(match kind {
+        Kind::Int16 | Kind::Int32 | Kind::Int64 | Kind::Bool => return Err(bad()),
+        Kind::Float32 | Kind::Float64 => Cell::Float(match s {
+            "NaN" => f64::NAN,
+            "Infinity" => f64::INFINITY,
+            "-Infinity" => f64::NEG_INFINITY,
             _ => return Err(bad()),
         }),
-        Kind::Bool => Cell::Bool(value.as_bool().ok_or_else(bad)?),
         Kind::Decimal { precision, scale } => {
-            let text = match value {
-                Value::Number(n) => n.to_string(),
-                Value::String(s) => s.clone(),
-                _ => return Err(bad()),
-            };
-            Cell::Dec(parse_decimal(&text, precision, scale).ok_or_else(bad)?)
+            Cell::Dec(parse_decimal(s, precision, scale).ok_or_else(bad)?)
         }
-        Kind::Date => {
-            let s = value.as_str().ok_or_else(bad)?;
-            Cell::Int(match s {
-                "infinity" => i32::MAX as i64,
-                "-infinity" => i32::MIN as i64,
-                _ => {
+        Kind::Date => Cell::Int(match s {
+            "infinity" => i32::MAX as i64,
+            "-infinity" => i32::MIN as i64,
+            _ => match canonical_date(s.as_bytes()) {
+                Some(days) => days,
+                None => {
                     let (core, bc) = era(s);
                     let d = NaiveDate::parse_from_str(core, "%Y-%m-%d").map_err(|_| bad())?;
                     let d = if bc {
@@ -349,14 +365,14 @@ pub fn parse_cell(kind: Kind, value: &Value) -> Result<Cell, String> {
                     };
                     (d - NaiveDate::from_ymd_opt(1970, 1, 1).expect("valid")).num_days()
                 }
-            })
-        }
-        Kind::Timestamp | Kind::TimestampTz => {
-            let s = value.as_str().ok_or_else(bad)?;
-            Cell::Int(match s {
-                "infinity" => i64::MAX,
-                "-infinity" => i64::MIN,
-                _ => {
+            },
+        }),
+        Kind::Timestamp | Kind::TimestampTz => Cell::Int(match s {
+            "infinity" => i64::MAX,
+            "-infinity" => i64::MIN,
+            _ => match canonical_timestamp(s.as_bytes(), kind == Kind::TimestampTz) {
+                Some(micros) => micros,
+                None => {
                     let (core, bc) = era(s);
                     let t = if kind == Kind::Timestamp {
                         NaiveDateTime::parse_from_str(core, "%Y-%m-%dT%H:%M:%S%.f")
@@ -373,14 +389,110 @@ pub fn parse_cell(kind: Kind, value: &Value) -> Result<Cell, String> {
                     };
                     t.and_utc().timestamp_micros()
                 }
-            })
-        }
-        Kind::Text => Cell::Str(match value {
-            Value::String(s) => s.as_str().into(),
-            other => other.to_string().into(),
+            },
         }),
-        Kind::Json => Cell::Str(value.to_string().into()),
+        Kind::Text => Cell::Str(s.into()),
+        Kind::Json => Cell::Str(Value::from(s).to_string().into()),
     })
+}
+
+/// Days since 1970-01-01 of the proleptic Gregorian `year-month-day`
+/// (Howard Hinnant's `days_from_civil`).
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let m = month as i64;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The value of the ASCII digits `b` (all of them digits), else `None`.
+fn digits(b: &[u8]) -> Option<u32> {
+    b.iter().try_fold(0u32, |n, &d| {
+        d.is_ascii_digit().then(|| n * 10 + (d - b'0') as u32)
+    })
+}
+
+/// `YYYY-MM-DD` as the source writes dates of years 1-9999 AD (days since
+/// 1970); `None` for any other form, left to chrono's general parser.
+fn canonical_date(s: &[u8]) -> Option<i64> {
+    let [y0, y1, y2, y3, b'-', m0, m1, b'-', d0, d1] = *s else {
+        return None;
+    };
+    let (year, month, day) = (
+        digits(&[y0, y1, y2, y3])?,
+        digits(&[m0, m1])?,
+        digits(&[d0, d1])?,
+    );
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let days_in_month = match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return None,
+    };
+    if year == 0 || day == 0 || day > days_in_month {
+        return None;
+    }
+    Some(days_from_civil(year as i64, month, day))
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.fraction]` followed, for `tz`, by `+HH:MM` or
+/// `-HH:MM`: the form the source writes timestamps in (microseconds since
+/// 1970, UTC). `None` for any other form (a leap second, `Z`, a BC year,
+/// ...), left to chrono's general parser, whose result this equals.
+fn canonical_timestamp(s: &[u8], tz: bool) -> Option<i64> {
+    if s.len() < 19 || s[10] != b'T' || s[13] != b':' || s[16] != b':' {
+        return None;
+    }
+    let days = canonical_date(&s[..10])?;
+    let (hour, minute, second) = (
+        digits(&s[11..13])?,
+        digits(&s[14..16])?,
+        digits(&s[17..19])?,
+    );
+    if hour > 23 || minute > 59 || second > 59 {
+        return None;
+    }
+    let mut rest = &s[19..];
+    let mut micros = 0i64;
+    if let Some(frac) = rest.strip_prefix(b".") {
+        let n = frac.iter().take_while(|b| b.is_ascii_digit()).count();
+        if n == 0 || n > 9 {
+            return None;
+        }
+        // Nanoseconds truncated to microseconds, as chrono's are.
+        let mut nanos = digits(&frac[..n])? as i64;
+        for _ in n..9 {
+            nanos *= 10;
+        }
+        micros = nanos / 1000;
+        rest = &frac[n..];
+    }
+    let offset = if tz {
+        let [sign, h0, h1, b':', m0, m1] = *rest else {
+            return None;
+        };
+        let (oh, om) = (digits(&[h0, h1])?, digits(&[m0, m1])?);
+        if oh > 23 || om > 59 {
+            return None;
+        }
+        let secs = (oh * 3600 + om * 60) as i64;
+        match sign {
+            b'+' => secs,
+            b'-' => -secs,
+            _ => return None,
+        }
+    } else if rest.is_empty() {
+        0
+    } else {
+        return None;
+    };
+    let secs = days * 86_400 + (hour * 3600 + minute * 60 + second) as i64 - offset;
+    Some(secs * 1_000_000 + micros)
 }
 
 /// `"0044-03-15 BC"` -> (`"0044-03-15"`, true).
@@ -620,6 +732,77 @@ mod tests {
             Ok(Cell::Str(r#"{"a":"x\"y"}"#.into()))
         );
         assert_eq!(parse_cell(Kind::Json, &json!(null)), Ok(Cell::Null));
+    }
+
+    /// chrono's parse of a date or timestamp, the general path.
+    fn by_chrono(kind: Kind, s: &str) -> Option<i64> {
+        let (core, bc) = era(s);
+        let t = match kind {
+            Kind::Date => {
+                let d = NaiveDate::parse_from_str(core, "%Y-%m-%d").ok()?;
+                let d = if bc { d.with_year(1 - d.year())? } else { d };
+                return Some((d - NaiveDate::from_ymd_opt(1970, 1, 1)?).num_days());
+            }
+            Kind::Timestamp => NaiveDateTime::parse_from_str(core, "%Y-%m-%dT%H:%M:%S%.f").ok()?,
+            _ => DateTime::parse_from_rfc3339(core).ok()?.naive_utc(),
+        };
+        let t = if bc { t.with_year(1 - t.year())? } else { t };
+        Some(t.and_utc().timestamp_micros())
+    }
+
+    proptest::proptest! {
+        /// The canonical forms' own parser gives chrono's value, and leaves
+        /// every form it does not take (or an invalid one) to chrono.
+        #[test]
+        fn canonical_dates_and_timestamps_parse_as_chrono_does(
+            year in 0u32..10_000, month in 0u32..14, day in 0u32..33,
+            hour in 0u32..25, minute in 0u32..61, second in 0u32..61,
+            frac in proptest::option::of("[0-9]{1,10}"),
+            offset in proptest::option::of((proptest::bool::ANY, 0u32..25, 0u32..61)),
+            tz in proptest::bool::ANY,
+        ) {
+            let date = format!("{year:04}-{month:02}-{day:02}");
+            if let Some(days) = canonical_date(date.as_bytes()) {
+                proptest::prop_assert_eq!(Some(days), by_chrono(Kind::Date, &date), "{}", date);
+            }
+            let mut ts = format!("{date}T{hour:02}:{minute:02}:{second:02}");
+            if let Some(f) = &frac {
+                ts = format!("{ts}.{f}");
+            }
+            if let Some((minus, h, m)) = offset {
+                ts = format!("{ts}{}{h:02}:{m:02}", if minus { '-' } else { '+' });
+            }
+            let kind = if tz { Kind::TimestampTz } else { Kind::Timestamp };
+            if let Some(micros) = canonical_timestamp(ts.as_bytes(), tz) {
+                proptest::prop_assert_eq!(Some(micros), by_chrono(kind, &ts), "{}", ts);
+            }
+            // Whichever parser takes it, the cell is chrono's value.
+            let cell = parse_str_cell(kind, &ts).ok();
+            proptest::prop_assert_eq!(cell, by_chrono(kind, &ts).map(Cell::Int), "{}", ts);
+        }
+    }
+
+    #[test]
+    fn the_forms_the_source_writes_take_the_canonical_parsers() {
+        assert_eq!(
+            canonical_date(b"2024-02-29"),
+            by_chrono(Kind::Date, "2024-02-29")
+        );
+        assert_eq!(canonical_date(b"2023-02-29"), None);
+        let ts = "2026-11-05T11:00:01.990001+01:30";
+        assert_eq!(
+            canonical_timestamp(ts.as_bytes(), true),
+            by_chrono(Kind::TimestampTz, ts)
+        );
+        let ts = "1969-12-31T23:59:59.5";
+        assert_eq!(canonical_timestamp(ts.as_bytes(), false), Some(-500_000));
+        // Left to chrono: a BC year, a leap second, `Z`.
+        assert_eq!(canonical_timestamp(b"0044-03-15T00:00:00 BC", false), None);
+        assert_eq!(
+            canonical_timestamp(b"2016-12-31T23:59:60+00:00", true),
+            None
+        );
+        assert_eq!(canonical_timestamp(b"2016-12-31T23:59:59Z", true), None);
     }
 
     #[test]

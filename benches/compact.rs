@@ -1,0 +1,165 @@
+//! Benchmarks of `waltail compact`'s per-change work, on lines like those
+//! `scripts/bench-compact.sh` generates (the same table and mix: inserts,
+//! updates, one in ten leaving `note` out as unchanged TOAST does, deletes
+//! keyed by their old row):
+//!
+//! ```sql
+//! CREATE TABLE public.bench (id bigint PRIMARY KEY, account integer,
+//!     amount numeric(12,2), status text, note text, updated_at timestamptz);
+//! ```
+//!
+//! Throughput is in elements, one element being one change:
+//!
+//! * `compact_parse/bench_lines`: `compact::read::type_line` of one archive
+//!   line into a typed change (JSON parse, cell typing, the row key's JSON).
+//! * `compact_history/encode`: `history::history_columns` of 8,192 typed
+//!   changes into Arrow arrays plus their encoding as one zstd Parquet row
+//!   group (the writer properties compact uses), into memory.
+//!
+//! Run with `cargo bench --bench compact` (append e.g.
+//! `-- --warm-up-time 1 --measurement-time 3` for a quicker run).
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use parquet::arrow::ArrowWriter;
+use waltail::compact::history::{history_columns, history_schema, writer_properties};
+use waltail::compact::read::{TypedChange, type_line};
+use waltail::compact::typing::{RecordColumn, SchemaRecord, TableShape};
+use waltail::config::CompactConfig;
+
+// What the binary runs with: compact's costs include its allocations.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const LINES: usize = 8192;
+
+fn shape() -> Arc<TableShape> {
+    let col =
+        |name: &str, type_name: &str, type_oid: u32, type_modifier: i32, key: bool| RecordColumn {
+            name: name.into(),
+            type_name: type_name.into(),
+            type_oid,
+            type_modifier,
+            key,
+        };
+    let record = SchemaRecord {
+        table: "public.bench".into(),
+        version: 1,
+        columns: vec![
+            col("id", "bigint", 20, -1, true),
+            col("account", "integer", 23, -1, false),
+            col("amount", "numeric(12,2)", 1700, ((12 << 16) | 2) + 4, false),
+            col("status", "text", 25, -1, false),
+            col("note", "text", 25, -1, false),
+            col("updated_at", "timestamp with time zone", 1184, -1, false),
+        ],
+        replica_identity: "default".into(),
+    };
+    Arc::new(TableShape::from_records("public.bench", &[record]))
+}
+
+/// `LINES` archive lines over a quarter as many keys, as the bench script
+/// writes them (its generator, in Rust, with a fixed seed).
+fn lines() -> Vec<String> {
+    let mut rng = fastrand::Rng::with_seed(42);
+    let keys = LINES as u64 / 4;
+    let mut alive = vec![false; keys as usize + 1];
+    (1..=LINES as u64)
+        .map(|seq| {
+            let k = if seq <= keys { seq } else { rng.u64(1..=keys) };
+            let ts = format!(
+                "2026-11-01T{:02}:{:02}:{:02}.{:06}+00:00",
+                (seq / 3600) % 24,
+                (seq / 60) % 60,
+                seq % 60,
+                seq % 1_000_000
+            );
+            let row = format!(
+                r#""id":{k},"account":{},"amount":{:.2},"status":"s{}""#,
+                k % 9973,
+                rng.u32(0..=9_999_999) as f64 / 100.0,
+                seq % 7
+            );
+            let note = format!(r#","note":"note {k} {}""#, seq % 13);
+            let (op, data, old) = if !alive[k as usize] {
+                alive[k as usize] = true;
+                ("insert", format!(r#"{{{row}{note},"updated_at":"{ts}"}}"#), "null".to_string())
+            } else if rng.f64() < 0.12 {
+                alive[k as usize] = false;
+                ("delete", "null".to_string(), format!(r#"{{"id":{k}}}"#))
+            } else {
+                let note = if rng.f64() < 0.1 { "" } else { note.as_str() };
+                ("update", format!(r#"{{{row}{note},"updated_at":"{ts}"}}"#), "null".to_string())
+            };
+            format!(
+                r#"{{"op":"{op}","table":"public.bench","data":{data},"old":{old},"seq":{seq},"idempotency_key":"{seq:08x}-0000-5000-8000-000000000000","commit_lsn":"{:X}/{:X}"}}"#,
+                seq >> 20,
+                (seq * 64) & 0xFFFF_FFFF
+            )
+        })
+        .collect()
+}
+
+fn typed(shapes: &HashMap<String, Arc<TableShape>>, lines: &[String]) -> Vec<TypedChange> {
+    lines
+        .iter()
+        .map(|l| {
+            type_line(shapes, l.as_bytes())
+                .expect("a valid line")
+                .change
+                .expect("a compacted table")
+                .1
+        })
+        .collect()
+}
+
+fn bench_parse(c: &mut Criterion) {
+    let shape = shape();
+    let shapes = HashMap::from([(shape.table.clone(), Arc::clone(&shape))]);
+    let lines = lines();
+    // Checks the input is what it claims before timing it.
+    let changes = typed(&shapes, &lines);
+    assert!(changes.iter().any(|c| c.op_name == "delete"));
+    assert!(changes.iter().any(|c| c.unchanged.is_some()));
+    let mut g = c.benchmark_group("compact_parse");
+    g.throughput(Throughput::Elements(LINES as u64));
+    g.bench_function("bench_lines", |b| {
+        b.iter(|| {
+            for line in &lines {
+                black_box(type_line(&shapes, line.as_bytes()).expect("a valid line"));
+            }
+        })
+    });
+    g.finish();
+}
+
+fn bench_history(c: &mut Criterion) {
+    let shape = shape();
+    let shapes = HashMap::from([(shape.table.clone(), Arc::clone(&shape))]);
+    let changes = typed(&shapes, &lines());
+    let schema = history_schema(&shape);
+    let props = writer_properties(&CompactConfig::default());
+    let mut g = c.benchmark_group("compact_history");
+    g.throughput(Throughput::Elements(LINES as u64));
+    g.bench_function("encode", |b| {
+        b.iter(|| {
+            let batch =
+                RecordBatch::try_new(Arc::clone(&schema), history_columns(&shape, &changes))
+                    .expect("the history schema");
+            let mut out = Vec::with_capacity(1 << 20);
+            let mut w = ArrowWriter::try_new(&mut out, Arc::clone(&schema), Some(props.clone()))
+                .expect("a writer");
+            w.write(&batch).expect("encoded");
+            w.close().expect("closed");
+            black_box(out.len())
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_parse, bench_history);
+criterion_main!(benches);
