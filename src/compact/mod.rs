@@ -252,7 +252,7 @@ async fn run(
         parts: sink.multipart().cloned(),
     };
     let ctx = session::session(Arc::clone(&store));
-    let mut spool = spool::Spool::new()?;
+    let mut spool = spool::Spool::new(config.compact.merge_bytes)?;
     let mut objects = read_ahead(&store, &plan, &shapes);
     for file in &plan.files {
         let mut open: HashMap<String, HistoryFile> = HashMap::new();

@@ -10,11 +10,20 @@
 //! partition, filtered (when `n > PARTITIONS`). The bucket count is chosen
 //! after the spool is written, when the number of changes is known.
 //!
-//! Buffers are flushed all together whenever they hold about
-//! [`BUFFER_BYTES`]; each flush is a "round" of files, and rounds cover
-//! consecutive seq ranges (changes are pushed in seq order), so a bucket is
-//! replayed in seq order by reading round after round and sorting each
-//! round's rows of the bucket by seq.
+//! Before a change is buffered it is combined with the key's earlier
+//! changes of the round (see [`combine`]): a round holds one row per key,
+//! the net effect of the key's changes, which is what replaying them gives
+//! the merge. Keys that change often (a status updated ten times) cost one
+//! spooled row, not ten; when the round holds every key of the run, the
+//! spool and the merge handle as many rows as the view has. An update that
+//! moves a row to another key and a truncate touch other keys: each ends
+//! the combining of its table's keys before it is buffered as it is.
+//!
+//! Buffers are flushed all together whenever they (and the combined rows)
+//! hold about the spool's memory budget; each flush is a "round" of files,
+//! and rounds cover consecutive seq ranges (changes are pushed in seq
+//! order), so a bucket is replayed in seq order by reading round after
+//! round and sorting each round's rows of the bucket by seq.
 //!
 //! Special rows: a truncate is written to every partition (it empties every
 //! bucket); an update that moves a row to another key is written under the
@@ -25,8 +34,10 @@
 //! spool is dropped (also on an error); a run killed -9 leaves it behind
 //! (`waltail-spool-*`), and the next run starts over from the archive.
 
-use std::collections::BTreeMap;
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
+use std::hash::{Hash, Hasher};
 use std::io::{BufReader, BufWriter};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -46,9 +57,8 @@ use crate::{Error, Result};
 /// one partition and filter it.
 pub const PARTITIONS: u32 = 32;
 
-/// Spooled rows held in memory (all tables) before they are written out;
-/// one round more may be being written meanwhile (see [`Spool::flush`]).
-const BUFFER_BYTES: usize = 32 << 20;
+/// The least memory budget a spool takes, whatever it is given.
+const MIN_BUFFER_BYTES: usize = 8 << 20;
 
 /// The hash that places a key in a bucket. Stable across runs, versions and
 /// machines (the manifest's bucket count depends on it): FNV-1a over the
@@ -143,6 +153,72 @@ pub struct TableSpool {
     /// out: their merge needs the old row from that bucket, so buckets are
     /// then merged one after the other (see `latest::MergeInput::moved`).
     pub carried_moves: u64,
+    /// The net change of each key changed since the table's last round or
+    /// barrier (a move or a truncate), not yet buffered.
+    pending: HashSet<Pending, foldhash::fast::RandomState>,
+}
+
+/// A combined change, found by its key (never `None` here).
+struct Pending(Arc<TypedChange>);
+
+impl Pending {
+    fn key(&self) -> &str {
+        self.0.key.as_deref().unwrap_or_default()
+    }
+}
+
+impl Borrow<str> for Pending {
+    fn borrow(&self) -> &str {
+        self.key()
+    }
+}
+
+impl Hash for Pending {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, other: &Pending) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Pending {}
+
+/// The one change that stands for `before` followed by `after` (an upsert
+/// or a delete of the same key, neither moving a row between keys) when the
+/// merge replays it: `after`, except that the columns an upsert left out
+/// (unchanged TOAST) take `before`'s values, which may themselves be left
+/// out (to be carried from the view), or null after a delete (there is no
+/// row to carry them from, as the merge would find).
+pub fn combine(before: &TypedChange, after: &Arc<TypedChange>) -> Arc<TypedChange> {
+    if after.op != ChangeOp::Upsert || !after.cells.contains(&Cell::Absent) {
+        return Arc::clone(after);
+    }
+    let cells = after
+        .cells
+        .iter()
+        .zip(&before.cells)
+        .map(|(now, was)| match (now, before.op) {
+            (Cell::Absent, ChangeOp::Upsert) => was.clone(),
+            (Cell::Absent, _) => Cell::Null,
+            (now, _) => now.clone(),
+        })
+        .collect();
+    Arc::new(TypedChange {
+        op_name: after.op_name,
+        op: after.op,
+        seq: after.seq,
+        lsn: after.lsn.clone(),
+        key: after.key.clone(),
+        old_key: after.old_key.clone(),
+        cells,
+        // The spool keeps neither: only the history writes them.
+        old: None,
+        unchanged: None,
+    })
 }
 
 /// Every table's spool of a run.
@@ -151,12 +227,34 @@ pub struct Spool {
     /// when the spool is dropped mid-write (an error).
     dir: Arc<tempfile::TempDir>,
     tables: BTreeMap<String, TableSpool>,
+    /// The estimated memory ([`row_bytes`]) of the buffered and the
+    /// combined rows.
     buffered: usize,
+    /// Rows held (buffered and combined, all tables) before a round is
+    /// written out; one round more may be being written meanwhile (see
+    /// [`Spool::flush`]).
+    budget: usize,
     /// Rounds written so far.
     rounds: u32,
     /// The round being written out, on a blocking thread of its own while
     /// the next one fills (at most one: memory holds two rounds' buffers).
     writing: Option<tokio::task::JoinHandle<Result<()>>>,
+}
+
+/// The spool partition of `key`.
+fn partition(key: &str) -> usize {
+    (key_hash(key) % PARTITIONS as u64) as usize
+}
+
+impl TableSpool {
+    /// Buffers the combined changes: later changes are combined anew (a
+    /// round's end, or a move or truncate about to be buffered as it is).
+    fn settle_pending(&mut self) {
+        for Pending(change) in self.pending.drain() {
+            let key = change.key.as_deref().unwrap_or_default();
+            self.buffers[partition(key)].push(Step::Change(change));
+        }
+    }
 }
 
 fn spool_schema(shape: &TableShape) -> SchemaRef {
@@ -199,8 +297,9 @@ fn spool_error(what: impl std::fmt::Display) -> Error {
 }
 
 impl Spool {
-    /// An empty spool in a new temporary folder.
-    pub fn new() -> Result<Spool> {
+    /// An empty spool in a new temporary folder, holding about `budget`
+    /// bytes of rows in memory (twice that while a round is written).
+    pub fn new(budget: u64) -> Result<Spool> {
         let dir = tempfile::Builder::new()
             .prefix("waltail-spool-")
             .tempdir()
@@ -209,6 +308,7 @@ impl Spool {
             dir: Arc::new(dir),
             tables: BTreeMap::new(),
             buffered: 0,
+            budget: (budget as usize).max(MIN_BUFFER_BYTES),
             rounds: 0,
             writing: None,
         })
@@ -239,14 +339,15 @@ impl Spool {
                     upserts: 0,
                     upsert_bytes: 0,
                     carried_moves: 0,
+                    pending: HashSet::default(),
                 },
             );
         }
         let t = self.tables.get_mut(&shape.table).expect("inserted above");
         let size = row_bytes(change) as usize;
-        let partition = |k: &str| (key_hash(k) % PARTITIONS as u64) as usize;
         match (change.op, change.key.as_deref()) {
             (ChangeOp::Truncate, _) => {
+                t.settle_pending();
                 for b in &mut t.buffers {
                     b.push(Step::Change(Arc::clone(change)));
                 }
@@ -254,12 +355,29 @@ impl Spool {
             }
             (_, None) => return Ok(()), // no key to place it by: nothing to merge
             (op, Some(key)) => {
-                t.buffers[partition(key)].push(Step::Change(Arc::clone(change)));
-                self.buffered += size;
+                let moved_from = change
+                    .old_key
+                    .as_deref()
+                    .filter(|o| op == ChangeOp::Upsert && *o != key);
                 if op == ChangeOp::Upsert {
                     t.upserts += 1;
                     t.upsert_bytes += size as u64;
-                    if let Some(old) = change.old_key.as_deref().filter(|o| *o != key) {
+                }
+                match moved_from {
+                    None => {
+                        let net = match t.pending.take(key) {
+                            Some(Pending(before)) => {
+                                self.buffered -= row_bytes(&before) as usize;
+                                combine(&before, change)
+                            }
+                            None => Arc::clone(change),
+                        };
+                        self.buffered += row_bytes(&net) as usize;
+                        t.pending.insert(Pending(net));
+                    }
+                    Some(old) => {
+                        t.settle_pending();
+                        t.buffers[partition(key)].push(Step::Change(Arc::clone(change)));
                         let carry = change.cells.contains(&Cell::Absent);
                         t.carried_moves += carry as u64;
                         t.buffers[partition(old)].push(Step::MoveOut {
@@ -268,13 +386,13 @@ impl Spool {
                             to: key.to_string(),
                             carry,
                         });
-                        self.buffered += 64 + old.len() + key.len();
+                        self.buffered += size + 64 + old.len() + key.len();
                     }
                 }
             }
         }
         t.changes += 1;
-        if self.buffered >= BUFFER_BYTES {
+        if self.buffered >= self.budget {
             self.flush().await?;
         }
         Ok(())
@@ -290,6 +408,7 @@ impl Spool {
         let round = self.rounds;
         let mut work = Vec::new();
         for t in self.tables.values_mut() {
+            t.settle_pending();
             for p in 0..PARTITIONS as usize {
                 if t.buffers[p].is_empty() {
                     continue;
@@ -544,6 +663,7 @@ fn read_steps(shape: &TableShape, path: &PathBuf, out: &mut Vec<Step>) -> Result
 
 #[cfg(test)]
 mod tests {
+    use super::super::latest::LatestView;
     use super::*;
 
     fn shape() -> Arc<TableShape> {
@@ -564,6 +684,56 @@ mod tests {
         })
     }
 
+    proptest::proptest! {
+        /// Whatever the changes (upserts leaving the doc out, deletes,
+        /// moves of a row to another key, truncates) and however often a
+        /// round is cut, the view merged from the spool's combined rows is
+        /// the view of every change applied in order.
+        #[test]
+        fn combined_changes_merge_into_the_view_every_change_gives(
+            ops in proptest::collection::vec((0u8..10, 0i64..6, 0i64..6, 0u8..3), 1..60),
+            budget in 0usize..3,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let shape = shape();
+            let mut spool = Spool::new(0).unwrap();
+            // A budget of a few rows, so rounds are cut mid-way.
+            spool.budget = [1, 600, 1 << 20][budget];
+            let mut direct = LatestView::empty(Arc::clone(&shape));
+            for (n, (kind, id, other, doc)) in ops.into_iter().enumerate() {
+                let seq = n as u64 + 1;
+                let doc = match doc {
+                    0 => Cell::Absent,
+                    1 => Cell::Null,
+                    _ => Cell::Str(format!("v{seq}").into()),
+                };
+                let c = match kind {
+                    0..=5 => change(ChangeOp::Upsert, seq, id, doc, None),
+                    6 | 7 => change(ChangeOp::Delete, seq, id, Cell::Null, Some(id)),
+                    8 => change(ChangeOp::Upsert, seq, id, doc, Some(other)),
+                    _ => change(ChangeOp::Truncate, seq, 0, Cell::Null, None),
+                };
+                direct.apply((*c).clone());
+                rt.block_on(spool.push(&shape, &c)).unwrap();
+            }
+            rt.block_on(spool.finish()).unwrap();
+            let mut merged = LatestView::empty(Arc::clone(&shape));
+            for files in spool.rounds("public.t", 0, 1) {
+                for step in spool.read_round("public.t", &files, 0, 1).unwrap() {
+                    // One bucket: a move's own change drops the old row.
+                    if let Step::Change(c) = step {
+                        merged.apply(Arc::unwrap_or_clone(c));
+                    }
+                }
+            }
+            proptest::prop_assert_eq!(merged.len(), direct.len());
+            for id in 0..6 {
+                let key = format!(r#"{{"id":{id}}}"#);
+                proptest::prop_assert_eq!(merged.get(&key), direct.get(&key), "{}", key);
+            }
+        }
+    }
+
     #[test]
     fn the_key_hash_is_stable() {
         // Recorded bucket counts depend on it: it must never change. (The
@@ -574,7 +744,7 @@ mod tests {
     #[tokio::test]
     async fn every_change_comes_back_once_in_its_bucket_in_seq_order() {
         let shape = shape();
-        let mut spool = Spool::new().unwrap();
+        let mut spool = Spool::new(0).unwrap();
         let mut seq = 0;
         let mut next = || {
             seq += 1;
