@@ -486,10 +486,10 @@ impl<'de> Visitor<'de> for CellSeed {
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
         Ok(match self.kind {
             Kind::Float32 | Kind::Float64 => Ok(Cell::Float(v)),
-            // serde_json writes a number that is a float as ryu does, so
-            // this is the text parse_cell would parse.
+            // serde_json formats a float with zmij, so this is the text
+            // parse_cell would parse (and its error would show).
             Kind::Decimal { precision, scale } if v.is_finite() => {
-                let mut text = ryu::Buffer::new();
+                let mut text = zmij::Buffer::new();
                 let text = text.format_finite(v);
                 parse_decimal(text, precision, scale)
                     .map(Cell::Dec)

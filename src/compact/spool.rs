@@ -11,13 +11,16 @@
 //! after the spool is written, when the number of changes is known.
 //!
 //! Before a change is buffered it is combined with the key's earlier
-//! changes of the round (see [`combine`]): a round holds one row per key,
-//! the net effect of the key's changes, which is what replaying them gives
-//! the merge. Keys that change often (a status updated ten times) cost one
-//! spooled row, not ten; when the round holds every key of the run, the
-//! spool and the merge handle as many rows as the view has. An update that
-//! moves a row to another key and a truncate touch other keys: each ends
-//! the combining of its table's keys before it is buffered as it is.
+//! changes of the round (see [`combine`]): the key's net change, which is
+//! what replaying them gives the merge. Keys that change often (a status
+//! updated ten times) cost one spooled row, not ten; when a round holds
+//! every key of the run, the spool and the merge handle one row per key
+//! changed. An update that moves a row to another key and a truncate touch
+//! other keys: each ends the combining of its table's keys before it is
+//! buffered as it is. Combining costs a hash lookup per change and holds
+//! rows longer: a table whose round saved less than a quarter of its rows
+//! (keys rarely repeat within the memory budget: many more keys than fit)
+//! is spooled change by change, in smaller rounds, for the rest of the run.
 //!
 //! Buffers are flushed all together whenever they (and the combined rows)
 //! hold about the spool's memory budget; each flush is a "round" of files,
@@ -59,6 +62,14 @@ pub const PARTITIONS: u32 = 32;
 
 /// The least memory budget a spool takes, whatever it is given.
 const MIN_BUFFER_BYTES: usize = 8 << 20;
+
+/// The rows a round holds once no table combines its changes: enough for
+/// files of a useful size, and no more memory than that takes.
+const RAW_BUFFER_BYTES: usize = 32 << 20;
+
+/// Changes a round must have had before its share of combined ones decides
+/// whether its table goes on combining.
+const MIN_ROUND_CHANGES: u64 = 10_000;
 
 /// The hash that places a key in a bucket. Stable across runs, versions and
 /// machines (the manifest's bucket count depends on it): FNV-1a over the
@@ -156,6 +167,11 @@ pub struct TableSpool {
     /// The net change of each key changed since the table's last round or
     /// barrier (a move or a truncate), not yet buffered.
     pending: HashSet<Pending, foldhash::fast::RandomState>,
+    /// Whether changes are combined (see the module doc).
+    combining: bool,
+    /// Changes of the round that could be combined, and those that were.
+    round_changes: u64,
+    round_combined: u64,
 }
 
 /// A combined change, found by its key (never `None` here).
@@ -234,6 +250,9 @@ pub struct Spool {
     /// written out; one round more may be being written meanwhile (see
     /// [`Spool::flush`]).
     budget: usize,
+    /// The rows a round holds: `budget` while a table combines its changes,
+    /// at most [`RAW_BUFFER_BYTES`] otherwise.
+    limit: usize,
     /// Rounds written so far.
     rounds: u32,
     /// The round being written out, on a blocking thread of its own while
@@ -309,6 +328,7 @@ impl Spool {
             tables: BTreeMap::new(),
             buffered: 0,
             budget: (budget as usize).max(MIN_BUFFER_BYTES),
+            limit: (budget as usize).max(MIN_BUFFER_BYTES),
             rounds: 0,
             writing: None,
         })
@@ -327,6 +347,7 @@ impl Spool {
         }
         if !self.tables.contains_key(&shape.table) {
             let id = self.tables.len();
+            self.limit = self.budget; // a new table combines its changes
             self.tables.insert(
                 shape.table.clone(),
                 TableSpool {
@@ -340,6 +361,9 @@ impl Spool {
                     upsert_bytes: 0,
                     carried_moves: 0,
                     pending: HashSet::default(),
+                    combining: true,
+                    round_changes: 0,
+                    round_combined: 0,
                 },
             );
         }
@@ -364,16 +388,24 @@ impl Spool {
                     t.upsert_bytes += size as u64;
                 }
                 match moved_from {
-                    None => {
-                        let net = match t.pending.take(key) {
+                    None if t.combining => {
+                        t.round_changes += 1;
+                        // Replaced in place (one lookup, and no tombstone
+                        // left as a remove and an insert would).
+                        let net = match t.pending.get(key) {
                             Some(Pending(before)) => {
-                                self.buffered -= row_bytes(&before) as usize;
-                                combine(&before, change)
+                                t.round_combined += 1;
+                                self.buffered -= row_bytes(before) as usize;
+                                combine(before, change)
                             }
                             None => Arc::clone(change),
                         };
                         self.buffered += row_bytes(&net) as usize;
-                        t.pending.insert(Pending(net));
+                        t.pending.replace(Pending(net));
+                    }
+                    None => {
+                        t.buffers[partition(key)].push(Step::Change(Arc::clone(change)));
+                        self.buffered += size;
                     }
                     Some(old) => {
                         t.settle_pending();
@@ -392,7 +424,7 @@ impl Spool {
             }
         }
         t.changes += 1;
-        if self.buffered >= self.budget {
+        if self.buffered >= self.limit {
             self.flush().await?;
         }
         Ok(())
@@ -409,6 +441,16 @@ impl Spool {
         let mut work = Vec::new();
         for t in self.tables.values_mut() {
             t.settle_pending();
+            if t.round_changes >= MIN_ROUND_CHANGES && t.round_combined * 4 < t.round_changes {
+                tracing::debug!(
+                    table = %t.shape.table,
+                    changes = t.round_changes,
+                    combined = t.round_combined,
+                    "keys rarely repeat within a round: spooling the rest of the run change by change"
+                );
+                t.combining = false;
+            }
+            (t.round_changes, t.round_combined) = (0, 0);
             for p in 0..PARTITIONS as usize {
                 if t.buffers[p].is_empty() {
                     continue;
@@ -429,6 +471,9 @@ impl Spool {
         }));
         self.rounds += 1;
         self.buffered = 0;
+        if self.tables.values().all(|t| !t.combining) {
+            self.limit = self.budget.min(RAW_BUFFER_BYTES);
+        }
         Ok(())
     }
 
@@ -663,7 +708,8 @@ fn read_steps(shape: &TableShape, path: &PathBuf, out: &mut Vec<Step>) -> Result
 
 #[cfg(test)]
 mod tests {
-    use super::super::latest::LatestView;
+    use super::super::latest::{LatestView, MergeInput, merge_bucket};
+    use super::super::session;
     use super::*;
 
     fn shape() -> Arc<TableShape> {
@@ -684,7 +730,16 @@ mod tests {
         })
     }
 
+    /// No previous generation is read: one session serves every case.
+    static CONTEXT: std::sync::LazyLock<datafusion::prelude::SessionContext> =
+        std::sync::LazyLock::new(|| {
+            session::session(Arc::new(object_store::memory::InMemory::new()))
+        });
+
     proptest::proptest! {
+        // Each case writes and reads dozens of spool files.
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
         /// Whatever the changes (upserts leaving the doc out, deletes,
         /// moves of a row to another key, truncates) and however often a
         /// round is cut, the view merged from the spool's combined rows is
@@ -698,7 +753,8 @@ mod tests {
             let shape = shape();
             let mut spool = Spool::new(0).unwrap();
             // A budget of a few rows, so rounds are cut mid-way.
-            spool.budget = [1, 600, 1 << 20][budget];
+            spool.budget = [400, 1500, 1 << 20][budget];
+            spool.limit = spool.budget;
             let mut direct = LatestView::empty(Arc::clone(&shape));
             for (n, (kind, id, other, doc)) in ops.into_iter().enumerate() {
                 let seq = n as u64 + 1;
@@ -717,20 +773,63 @@ mod tests {
                 rt.block_on(spool.push(&shape, &c)).unwrap();
             }
             rt.block_on(spool.finish()).unwrap();
-            let mut merged = LatestView::empty(Arc::clone(&shape));
-            for files in spool.rounds("public.t", 0, 1) {
-                for step in spool.read_round("public.t", &files, 0, 1).unwrap() {
-                    // One bucket: a move's own change drops the old row.
-                    if let Step::Change(c) = step {
-                        merged.apply(Arc::unwrap_or_clone(c));
-                    }
+            let spool = Arc::new(spool);
+            // Merged as a run merges them: bucket after bucket (moves carry
+            // values across buckets), one bucket, several, and more than
+            // the spool's partitions.
+            for buckets in [1u32, 4, 64] {
+                let input = MergeInput {
+                    ctx: CONTEXT.clone(),
+                    shape: Arc::clone(&shape),
+                    previous: Vec::new(),
+                    previous_buckets: 1,
+                    spool: Arc::clone(&spool),
+                    buckets,
+                    moved: Default::default(),
+                };
+                let views: Vec<LatestView> = (0..buckets)
+                    .map(|b| rt.block_on(merge_bucket(&input, b, None)).unwrap())
+                    .collect();
+                let rows: usize = views.iter().map(LatestView::len).sum();
+                proptest::prop_assert_eq!(rows, direct.len(), "{} buckets", buckets);
+                for id in 0..6 {
+                    let key = format!(r#"{{"id":{id}}}"#);
+                    let merged = &views[bucket_of(&key, buckets) as usize];
+                    proptest::prop_assert_eq!(merged.get(&key), direct.get(&key), "{} in {} buckets", key, buckets);
                 }
             }
-            proptest::prop_assert_eq!(merged.len(), direct.len());
-            for id in 0..6 {
-                let key = format!(r#"{{"id":{id}}}"#);
-                proptest::prop_assert_eq!(merged.get(&key), direct.get(&key), "{}", key);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_table_whose_keys_rarely_repeat_stops_combining_and_one_whose_keys_do_goes_on() {
+        let shape = shape();
+        for (keys, combining) in [(1_000_000, false), (100, true)] {
+            let mut spool = Spool::new(0).unwrap();
+            for seq in 1..=3 * MIN_ROUND_CHANGES {
+                let id = (seq % keys) as i64;
+                let c = change(ChangeOp::Upsert, seq, id, Cell::Null, None);
+                spool.push(&shape, &c).await.unwrap();
+                if seq % MIN_ROUND_CHANGES == 0 {
+                    spool.flush().await.unwrap();
+                }
             }
+            let t = spool.table("public.t").unwrap();
+            assert_eq!(t.combining, combining, "{keys} keys");
+            assert_eq!(t.changes, 3 * MIN_ROUND_CHANGES);
+            spool.finish().await.unwrap();
+            let rows: usize = spool
+                .rounds("public.t", 0, 1)
+                .iter()
+                .map(|files| spool.read_round("public.t", files, 0, 1).unwrap().len())
+                .sum();
+            // Combined: one row per key and round.
+            let expected = if combining {
+                3 * keys as usize
+            } else {
+                3 * MIN_ROUND_CHANGES as usize
+            };
+            assert_eq!(rows, expected, "{keys} keys");
         }
     }
 
