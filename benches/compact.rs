@@ -19,7 +19,6 @@
 //! Run with `cargo bench --bench compact` (append e.g.
 //! `-- --warm-up-time 1 --measurement-time 3` for a quicker run).
 
-use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
 
@@ -27,7 +26,7 @@ use arrow::array::RecordBatch;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use parquet::arrow::ArrowWriter;
 use waltail::compact::history::{history_columns, history_schema, writer_properties};
-use waltail::compact::read::{TypedChange, type_line};
+use waltail::compact::read::{Shapes, TypedChange, type_line};
 use waltail::compact::typing::{RecordColumn, SchemaRecord, TableShape};
 use waltail::config::CompactConfig;
 
@@ -104,7 +103,7 @@ fn lines() -> Vec<String> {
         .collect()
 }
 
-fn typed(shapes: &HashMap<String, Arc<TableShape>>, lines: &[String]) -> Vec<TypedChange> {
+fn typed(shapes: &Shapes, lines: &[String]) -> Vec<TypedChange> {
     lines
         .iter()
         .map(|l| {
@@ -119,7 +118,7 @@ fn typed(shapes: &HashMap<String, Arc<TableShape>>, lines: &[String]) -> Vec<Typ
 
 fn bench_parse(c: &mut Criterion) {
     let shape = shape();
-    let shapes = HashMap::from([(shape.table.clone(), Arc::clone(&shape))]);
+    let shapes = Shapes::new([Arc::clone(&shape)]);
     let lines = lines();
     // Checks the input is what it claims before timing it.
     let changes = typed(&shapes, &lines);
@@ -139,7 +138,7 @@ fn bench_parse(c: &mut Criterion) {
 
 fn bench_history(c: &mut Criterion) {
     let shape = shape();
-    let shapes = HashMap::from([(shape.table.clone(), Arc::clone(&shape))]);
+    let shapes = Shapes::new([Arc::clone(&shape)]);
     let changes = typed(&shapes, &lines());
     let schema = history_schema(&shape);
     let props = writer_properties(&CompactConfig::default());

@@ -253,7 +253,8 @@ async fn run(
     };
     let ctx = session::session(Arc::clone(&store));
     let mut spool = spool::Spool::new(config.compact.merge_bytes)?;
-    let mut objects = read_ahead(&store, &plan, &shapes);
+    let lines_shapes = Arc::new(read::Shapes::new(shapes.values().cloned()));
+    let mut objects = read_ahead(&store, &plan, &lines_shapes);
     for file in &plan.files {
         let mut open: HashMap<String, HistoryFile> = HashMap::new();
         for object in &file.objects {
@@ -275,24 +276,25 @@ async fn run(
                     summary.repeats += 1;
                     continue;
                 }
-                let Some((shape, change)) = parsed.change else {
+                let Some((table, change)) = parsed.change else {
                     continue; // a table not compacted in this run
                 };
+                let shape = lines_shapes.shape(table);
                 let start = table_start(&manifest, &shape.table);
                 if change.seq < start {
                     continue;
                 }
                 let change = Arc::new(change);
-                spool.push(&shape, &change).await?;
+                spool.push(shape, &change).await?;
                 if !open.contains_key(&shape.table) {
                     let key = history::history_key(
                         prefix,
-                        &shape,
+                        shape,
                         &file.date,
                         file.first_seq.max(start),
                         file.last_seq,
                     );
-                    let h = HistoryFile::create(&output, key, Arc::clone(&shape), props.clone())?;
+                    let h = HistoryFile::create(&output, key, Arc::clone(shape), props.clone())?;
                     open.insert(shape.table.clone(), h);
                 }
                 let hist = open.get_mut(&shape.table).expect("inserted above");
@@ -458,20 +460,15 @@ const PARSERS: usize = 2;
 /// up to [`READ_AHEAD`] parsed objects wait for the writer (so up to
 /// `READ_AHEAD + PARSERS + 1` are in memory); stops when the receiver is
 /// dropped.
-fn read_ahead(
-    store: &Arc<dyn ObjectStore>,
-    plan: &Plan,
-    shapes: &HashMap<String, Arc<TableShape>>,
-) -> ReadAhead {
+fn read_ahead(store: &Arc<dyn ObjectStore>, plan: &Plan, shapes: &Arc<read::Shapes>) -> ReadAhead {
     let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
     let store = Arc::clone(store);
-    let shapes = shapes.clone();
+    let shapes = Arc::clone(shapes);
     let keys: Vec<String> = plan
         .files
         .iter()
         .flat_map(|f| f.objects.iter().map(|o| o.key.clone()))
         .collect();
-    let shapes = Arc::new(shapes);
     let task = Task::spawn(async move {
         let mut parsed = futures::stream::iter(keys)
             .map(|key| {
@@ -496,13 +493,15 @@ fn read_ahead(
 }
 
 /// The typed lines of one object; an error names the object and the line.
-fn parse_object(
-    shapes: &HashMap<String, Arc<TableShape>>,
-    key: &str,
-    body: &[u8],
-) -> Result<Vec<read::Line>> {
-    let mut lines = Vec::new();
-    for (n, line) in body.split(|&b| b == b'\n').enumerate() {
+fn parse_object(shapes: &read::Shapes, key: &str, body: &[u8]) -> Result<Vec<read::Line>> {
+    // About one line per 200 bytes (a typed line is ~200 bytes too: growing
+    // the vector would copy them over and over).
+    let mut lines = Vec::with_capacity(body.len() / 200 + 1);
+    let mut start = 0;
+    let ends = memchr::memchr_iter(b'\n', body).chain(std::iter::once(body.len()));
+    for (n, end) in ends.enumerate() {
+        let line = &body[start..end];
+        start = end + 1;
         if line.is_empty() {
             continue;
         }

@@ -145,12 +145,43 @@ pub fn type_change(shape: &TableShape, env: Envelope) -> Result<TypedChange, Str
     })
 }
 
+/// The shapes of the tables a run compacts, by name and by index: a typed
+/// line names its table by index, so no reference count shared by the
+/// threads is touched per line.
+#[derive(Debug, Clone, Default)]
+pub struct Shapes {
+    list: Vec<Arc<TableShape>>,
+    by_name: HashMap<String, usize>,
+}
+
+impl Shapes {
+    pub fn new(shapes: impl IntoIterator<Item = Arc<TableShape>>) -> Shapes {
+        let list: Vec<Arc<TableShape>> = shapes.into_iter().collect();
+        let by_name = list
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.table.clone(), i))
+            .collect();
+        Shapes { list, by_name }
+    }
+
+    /// The index and shape of `table`.
+    pub fn get(&self, table: &str) -> Option<(usize, &Arc<TableShape>)> {
+        self.by_name.get(table).map(|&i| (i, &self.list[i]))
+    }
+
+    /// The shape of index `i` (from [`Shapes::get`] or a [`Line`]).
+    pub fn shape(&self, i: usize) -> &Arc<TableShape> {
+        &self.list[i]
+    }
+}
+
 /// One archive line typed in a single pass by [`type_line`].
 pub struct Line {
     pub seq: u64,
-    /// The table's shape and the typed change; `None` for a table not in
-    /// the shapes given.
-    pub change: Option<(Arc<TableShape>, TypedChange)>,
+    /// The table's index in the [`Shapes`] given and the typed change;
+    /// `None` for a table not in them.
+    pub change: Option<(usize, TypedChange)>,
 }
 
 /// Parses and types one envelope line without building a JSON map of its
@@ -159,7 +190,7 @@ pub struct Line {
 /// [`type_change`] gives). Lines whose fields come in another order than
 /// `waltail run` writes (`table` before `data`) take the [`Envelope`]
 /// path. The result equals `type_change(shape, envelope)`.
-pub fn type_line(shapes: &HashMap<String, Arc<TableShape>>, line: &[u8]) -> Result<Line, String> {
+pub fn type_line(shapes: &Shapes, line: &[u8]) -> Result<Line, String> {
     let mut de = serde_json::Deserializer::from_slice(line);
     let fast = LineSeed { shapes }
         .deserialize(&mut de)
@@ -170,7 +201,7 @@ pub fn type_line(shapes: &HashMap<String, Arc<TableShape>>, line: &[u8]) -> Resu
         let env: Envelope = serde_json::from_slice(line).map_err(|e| e.to_string())?;
         let seq = env.seq;
         let change = match shapes.get(&env.table) {
-            Some(shape) => Some((Arc::clone(shape), type_change(shape, env)?)),
+            Some((i, shape)) => Some((i, type_change(shape, env)?)),
             None => None,
         };
         return Ok(Line { seq, change });
@@ -179,7 +210,7 @@ pub fn type_line(shapes: &HashMap<String, Arc<TableShape>>, line: &[u8]) -> Resu
     let seq = fast.seq.ok_or_else(|| missing("seq"))?;
     let op_name = fast.op.ok_or_else(|| missing("op"))?;
     let lsn = fast.lsn.ok_or_else(|| missing("commit_lsn"))?;
-    let Some(shape) = fast.shape else {
+    let Some((table, shape)) = fast.shape else {
         if !fast.table {
             return Err(missing("table"));
         }
@@ -189,13 +220,13 @@ pub fn type_line(shapes: &HashMap<String, Arc<TableShape>>, line: &[u8]) -> Resu
     let (mut cells, data_key) = match fast.data {
         Some(row) => {
             let row = row?;
-            let key = row.key(&shape);
+            let key = row.key(shape);
             (row.cells, Some(key))
         }
         None => (vec![Cell::Absent; shape.columns.len()], None),
     };
     let unchanged = if data_key.is_some() && op_name == "update" {
-        unchanged_columns(&shape, &cells)
+        unchanged_columns(shape, &cells)
     } else {
         None
     };
@@ -208,11 +239,11 @@ pub fn type_line(shapes: &HashMap<String, Arc<TableShape>>, line: &[u8]) -> Resu
         ChangeOp::Delete => fast
             .old
             .as_ref()
-            .and_then(|o| key_json(&shape, o))
+            .and_then(|o| key_json(shape, o))
             .or(data_key),
         ChangeOp::Truncate => None,
     };
-    let old_key = fast.old.as_ref().and_then(|o| key_json(&shape, o));
+    let old_key = fast.old.as_ref().and_then(|o| key_json(shape, o));
     let change = TypedChange {
         op_name,
         op,
@@ -226,7 +257,7 @@ pub fn type_line(shapes: &HashMap<String, Arc<TableShape>>, line: &[u8]) -> Resu
     };
     Ok(Line {
         seq,
-        change: Some((shape, change)),
+        change: Some((table, change)),
     })
 }
 
@@ -256,11 +287,12 @@ fn unchanged_columns(shape: &TableShape, cells: &[Cell]) -> Option<String> {
 }
 
 /// What the single pass over a line found.
-struct FastLine {
+struct FastLine<'s> {
     op: Option<CompactString>,
     /// Whether the line named its table.
     table: bool,
-    shape: Option<Arc<TableShape>>,
+    /// The index and shape of the table it named.
+    shape: Option<(usize, &'s TableShape)>,
     /// The row of `data` (`Err`: a value that does not fit its column,
     /// reported once the line is read).
     data: Option<Result<Row, String>>,
@@ -285,20 +317,20 @@ impl Row {
 }
 
 struct LineSeed<'s> {
-    shapes: &'s HashMap<String, Arc<TableShape>>,
+    shapes: &'s Shapes,
 }
 
-impl<'de> DeserializeSeed<'de> for LineSeed<'_> {
+impl<'de, 's> DeserializeSeed<'de> for LineSeed<'s> {
     /// `None`: `data` came before `table`.
-    type Value = Option<FastLine>;
+    type Value = Option<FastLine<'s>>;
 
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for LineSeed<'_> {
-    type Value = Option<FastLine>;
+impl<'de, 's> Visitor<'de> for LineSeed<'s> {
+    type Value = Option<FastLine<'s>>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a change envelope")
@@ -320,7 +352,7 @@ impl<'de> Visitor<'de> for LineSeed<'_> {
                 "op" => line.op = Some(map.next_value::<Cow<'de, str>>()?.as_ref().into()),
                 "table" => {
                     let table = map.next_value::<Cow<'de, str>>()?;
-                    line.shape = self.shapes.get(&*table).cloned();
+                    line.shape = self.shapes.get(&table).map(|(i, s)| (i, &**s));
                     line.table = true;
                 }
                 "data" => match (line.table, &line.shape) {
@@ -331,7 +363,7 @@ impl<'de> Visitor<'de> for LineSeed<'_> {
                     (true, None) => {
                         map.next_value::<IgnoredAny>()?;
                     }
-                    (true, Some(shape)) => {
+                    (true, Some((_, shape))) => {
                         line.data = map.next_value_seed(RowSeed { shape })?;
                     }
                 },
@@ -590,7 +622,7 @@ mod tests {
             .collect(),
             key: vec![1, 0],
         };
-        let shapes = HashMap::from([("public.t".to_string(), Arc::new(shape.clone()))]);
+        let shapes = Shapes::new([Arc::new(shape.clone())]);
         let lines = [
             r#"{"op":"insert","table":"public.t","data":{"id":1,"code":"a\u00e9\"b","n":-3,"f":1.5,"r":2,"d":12.34,"day":"2024-02-29","at":"2024-01-01T00:00:00.5+00:00","doc":{"z":1,"a":[1,"x"]},"t":"caf\u00e9","ok":true},"old":null,"seq":1,"idempotency_key":"k","commit_lsn":"0/1"}"#,
             r#"{"op":"update","table":"public.t","data":{"id":2,"code":"b","t":5,"f":"NaN","d":"7","doc":[1,2]},"old":{"id":1,"code":"a"},"seq":2,"idempotency_key":"k","commit_lsn":"0/2"}"#,
@@ -604,7 +636,9 @@ mod tests {
             let fast = type_line(&shapes, line.as_bytes()).unwrap();
             let env: Envelope = serde_json::from_str(line).unwrap();
             assert_eq!(fast.seq, env.seq);
-            let slow = shapes.get(&env.table).map(|s| type_change(s, env).unwrap());
+            let slow = shapes
+                .get(&env.table)
+                .map(|(_, s)| type_change(s, env).unwrap());
             assert_eq!(
                 format!("{:?}", fast.change.map(|(_, c)| c)),
                 format!("{slow:?}"),

@@ -146,6 +146,15 @@ pub fn row_bytes(change: &TypedChange) -> u64 {
         + text) as u64
 }
 
+/// About the memory a spooled change holds: its row, plus the JSON of its
+/// old row and unchanged columns, which it keeps until it is written out
+/// (the old row is the whole row under REPLICA IDENTITY FULL).
+fn held_bytes(change: &TypedChange) -> usize {
+    row_bytes(change) as usize
+        + change.old.as_ref().map_or(0, String::len)
+        + change.unchanged.as_ref().map_or(0, String::len)
+}
+
 /// One table's spool.
 pub struct TableSpool {
     pub shape: Arc<TableShape>,
@@ -243,7 +252,7 @@ pub struct Spool {
     /// when the spool is dropped mid-write (an error).
     dir: Arc<tempfile::TempDir>,
     tables: BTreeMap<String, TableSpool>,
-    /// The estimated memory ([`row_bytes`]) of the buffered and the
+    /// The estimated memory ([`held_bytes`]) of the buffered and the
     /// combined rows.
     buffered: usize,
     /// Rows held (buffered and combined, all tables) before a round is
@@ -395,17 +404,17 @@ impl Spool {
                         let net = match t.pending.get(key) {
                             Some(Pending(before)) => {
                                 t.round_combined += 1;
-                                self.buffered -= row_bytes(before) as usize;
+                                self.buffered -= held_bytes(before);
                                 combine(before, change)
                             }
                             None => Arc::clone(change),
                         };
-                        self.buffered += row_bytes(&net) as usize;
+                        self.buffered += held_bytes(&net);
                         t.pending.replace(Pending(net));
                     }
                     None => {
                         t.buffers[partition(key)].push(Step::Change(Arc::clone(change)));
-                        self.buffered += size;
+                        self.buffered += held_bytes(change);
                     }
                     Some(old) => {
                         t.settle_pending();
@@ -418,7 +427,7 @@ impl Spool {
                             to: key.to_string(),
                             carry,
                         });
-                        self.buffered += size + 64 + old.len() + key.len();
+                        self.buffered += held_bytes(change) + 64 + old.len() + key.len();
                     }
                 }
             }
