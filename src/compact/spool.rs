@@ -17,10 +17,12 @@
 //! every key of the run, the spool and the merge handle one row per key
 //! changed. An update that moves a row to another key and a truncate touch
 //! other keys: each ends the combining of its table's keys before it is
-//! buffered as it is. Combining costs a hash lookup per change and holds
-//! rows longer: a table whose round saved less than a quarter of its rows
-//! (keys rarely repeat within the memory budget: many more keys than fit)
-//! is spooled change by change, in smaller rounds, for the rest of the run.
+//! buffered as it is. Combining costs hash lookups per change and holds
+//! rows longer: a table whose round had at least [`MIN_ROUND_CHANGES`]
+//! changes and saved less than a quarter of them (keys rarely repeat within
+//! the memory budget: many more keys than fit) is spooled change by change
+//! for the rest of the run (once no table combines, rounds shrink to
+//! [`RAW_BUFFER_BYTES`]). The next run starts combining again.
 //!
 //! Buffers are flushed all together whenever they (and the combined rows)
 //! hold about the spool's memory budget; each flush is a "round" of files,
@@ -399,8 +401,8 @@ impl Spool {
                 match moved_from {
                     None if t.combining => {
                         t.round_changes += 1;
-                        // Replaced in place (one lookup, and no tombstone
-                        // left as a remove and an insert would).
+                        // Replaced in place: no tombstone left behind, as a
+                        // remove and an insert per change would.
                         let net = match t.pending.get(key) {
                             Some(Pending(before)) => {
                                 t.round_combined += 1;
@@ -757,6 +759,7 @@ mod tests {
         fn combined_changes_merge_into_the_view_every_change_gives(
             ops in proptest::collection::vec((0u8..10, 0i64..6, 0i64..6, 0u8..3), 1..60),
             budget in 0usize..3,
+            stop in proptest::bool::ANY,
         ) {
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
             let shape = shape();
@@ -765,8 +768,15 @@ mod tests {
             spool.budget = [400, 1500, 1 << 20][budget];
             spool.limit = spool.budget;
             let mut direct = LatestView::empty(Arc::clone(&shape));
+            let half = ops.len() / 2;
             for (n, (kind, id, other, doc)) in ops.into_iter().enumerate() {
                 let seq = n as u64 + 1;
+                if stop && n == half && spool.table("public.t").is_some() {
+                    // As a round that combined too little does: the rest of
+                    // the run goes change by change.
+                    rt.block_on(spool.flush()).unwrap();
+                    spool.tables.get_mut("public.t").unwrap().combining = false;
+                }
                 let doc = match doc {
                     0 => Cell::Absent,
                     1 => Cell::Null,
@@ -813,8 +823,10 @@ mod tests {
     #[tokio::test]
     async fn a_table_whose_keys_rarely_repeat_stops_combining_and_one_whose_keys_do_goes_on() {
         let shape = shape();
-        for (keys, combining) in [(1_000_000, false), (100, true)] {
-            let mut spool = Spool::new(0).unwrap();
+        // 9,000 keys: a round of 10,000 changes combines 10% of them.
+        for (keys, combining) in [(9_000, false), (100, true)] {
+            // More than a round change by change holds.
+            let mut spool = Spool::new(2 * RAW_BUFFER_BYTES as u64).unwrap();
             for seq in 1..=3 * MIN_ROUND_CHANGES {
                 let id = (seq % keys) as i64;
                 let c = change(ChangeOp::Upsert, seq, id, Cell::Null, None);
@@ -826,17 +838,18 @@ mod tests {
             let t = spool.table("public.t").unwrap();
             assert_eq!(t.combining, combining, "{keys} keys");
             assert_eq!(t.changes, 3 * MIN_ROUND_CHANGES);
+            assert_eq!(spool.limit <= RAW_BUFFER_BYTES, !combining, "{keys} keys");
             spool.finish().await.unwrap();
             let rows: usize = spool
                 .rounds("public.t", 0, 1)
                 .iter()
                 .map(|files| spool.read_round("public.t", files, 0, 1).unwrap().len())
                 .sum();
-            // Combined: one row per key and round.
+            // Combined: one row per key and round; then one per change.
             let expected = if combining {
                 3 * keys as usize
             } else {
-                3 * MIN_ROUND_CHANGES as usize
+                keys as usize + 2 * MIN_ROUND_CHANGES as usize
             };
             assert_eq!(rows, expected, "{keys} keys");
         }
