@@ -460,6 +460,7 @@ impl Spool {
                     "keys rarely repeat within a round: spooling the rest of the run change by change"
                 );
                 t.combining = false;
+                t.pending = HashSet::default(); // its table's memory too
             }
             (t.round_changes, t.round_combined) = (0, 0);
             for p in 0..PARTITIONS as usize {
