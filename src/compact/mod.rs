@@ -253,8 +253,8 @@ async fn run(
     };
     let ctx = session::session(Arc::clone(&store));
     let mut spool = spool::Spool::new(config.compact.merge_bytes)?;
-    let lines_shapes = Arc::new(read::Shapes::new(shapes.values().cloned()));
-    let mut objects = read_ahead(&store, &plan, &lines_shapes);
+    let shapes = Arc::new(shapes);
+    let mut objects = read_ahead(&store, &plan, &shapes);
     for file in &plan.files {
         let mut open: HashMap<String, HistoryFile> = HashMap::new();
         for object in &file.objects {
@@ -279,7 +279,7 @@ async fn run(
                 let Some((table, change)) = parsed.change else {
                     continue; // a table not compacted in this run
                 };
-                let shape = lines_shapes.shape(table);
+                let shape = shapes.shape(table);
                 let start = table_start(&manifest, &shape.table);
                 if change.seq < start {
                     continue;
@@ -667,8 +667,8 @@ fn shapes(
     schemas: &BTreeMap<String, Vec<typing::SchemaRecord>>,
     tables: &[String],
     manifest: &Manifest,
-) -> Result<HashMap<String, Arc<TableShape>>> {
-    let mut out = HashMap::new();
+) -> Result<read::Shapes> {
+    let mut out = Vec::new();
     for table in tables {
         let records = schemas.get(table).map(Vec::as_slice).unwrap_or_default();
         let shape = TableShape::from_records(table, records);
@@ -692,9 +692,9 @@ fn shapes(
                 }
             }
         }
-        out.insert(table.clone(), Arc::new(shape));
+        out.push(Arc::new(shape));
     }
-    Ok(out)
+    Ok(read::Shapes::new(out))
 }
 
 fn progress_bar(total: u64) -> ProgressBar {

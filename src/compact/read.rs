@@ -14,7 +14,9 @@ use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use super::typing::{Cell, Kind, TableShape, int_cell, parse_cell, parse_decimal, parse_str_cell};
+use super::typing::{
+    Cell, Kind, TableShape, int_cell, not_valid, parse_cell, parse_decimal, parse_str_cell,
+};
 
 /// One envelope line as written by `waltail run`.
 #[derive(Debug, Deserialize)]
@@ -75,22 +77,28 @@ fn key_text<'v>(shape: &TableShape, value: impl Fn(usize) -> Option<&'v Value>) 
         serde_json::to_writer(&mut *out, value(i).unwrap_or(&Value::Null))
             .expect("writes to memory");
     };
+    if shape.key.is_empty() {
+        return None;
+    }
+    let name = |i: usize| shape.columns[i].name.as_str();
+    // `TableShape::from_records` orders the key by name; any other shape is
+    // ordered here (a copy per key written).
+    let by_name: std::borrow::Cow<[usize]> =
+        if shape.key.windows(2).all(|w| name(w[0]) < name(w[1])) {
+            std::borrow::Cow::Borrowed(&shape.key)
+        } else {
+            let mut key = shape.key.clone();
+            key.sort_by(|a, b| name(*a).cmp(name(*b)));
+            key.dedup();
+            std::borrow::Cow::Owned(key)
+        };
     let mut out = Vec::with_capacity(32);
     out.push(b'{');
-    match shape.key.as_slice() {
-        [] => return None,
-        [one] => write(&mut out, *one),
-        several => {
-            let mut by_name = several.to_vec();
-            by_name.sort_by(|a, b| shape.columns[*a].name.cmp(&shape.columns[*b].name));
-            by_name.dedup();
-            for (n, i) in by_name.into_iter().enumerate() {
-                if n > 0 {
-                    out.push(b',');
-                }
-                write(&mut out, i);
-            }
+    for (n, &i) in by_name.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
         }
+        write(&mut out, i);
     }
     out.push(b'}');
     Some(String::from_utf8(out).expect("serde_json writes UTF-8"))
@@ -173,6 +181,17 @@ impl Shapes {
     /// The shape of index `i` (from [`Shapes::get`] or a [`Line`]).
     pub fn shape(&self, i: usize) -> &Arc<TableShape> {
         &self.list[i]
+    }
+}
+
+impl std::ops::Index<&str> for Shapes {
+    type Output = Arc<TableShape>;
+
+    /// The shape of `table`, which must be one of them.
+    fn index(&self, table: &str) -> &Arc<TableShape> {
+        self.get(table)
+            .unwrap_or_else(|| panic!("{table} is not a compacted table"))
+            .1
     }
 }
 
@@ -456,11 +475,6 @@ impl<'de> Visitor<'de> for RowSeed<'_> {
 /// would parse its `Value`, without building one for numbers and strings.
 struct CellSeed {
     kind: Kind,
-}
-
-/// parse_cell's error for a number that does not fit `kind`.
-fn not_valid(kind: Kind, v: impl fmt::Display) -> String {
-    format!("{v} is not a valid {}", kind.describe())
 }
 
 impl<'de> DeserializeSeed<'de> for CellSeed {

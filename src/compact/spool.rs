@@ -220,7 +220,7 @@ impl Eq for Pending {}
 /// (unchanged TOAST) take `before`'s values, which may themselves be left
 /// out (to be carried from the view), or null after a delete (there is no
 /// row to carry them from, as the merge would find).
-pub fn combine(before: &TypedChange, after: &Arc<TypedChange>) -> Arc<TypedChange> {
+fn combine(before: &TypedChange, after: &Arc<TypedChange>) -> Arc<TypedChange> {
     if after.op != ChangeOp::Upsert || !after.cells.contains(&Cell::Absent) {
         return Arc::clone(after);
     }
@@ -280,9 +280,8 @@ impl TableSpool {
     /// Buffers the combined changes: later changes are combined anew (a
     /// round's end, or a move or truncate about to be buffered as it is).
     fn settle_pending(&mut self) {
-        for Pending(change) in self.pending.drain() {
-            let key = change.key.as_deref().unwrap_or_default();
-            self.buffers[partition(key)].push(Step::Change(change));
+        for p in self.pending.drain() {
+            self.buffers[partition(p.key())].push(Step::Change(p.0));
         }
     }
 }

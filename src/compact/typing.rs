@@ -204,9 +204,10 @@ pub struct TableShape {
     /// `schema.table` as the archive names it.
     pub table: String,
     pub columns: Vec<Column>,
-    /// Indexes of the key (replica identity) columns of the newest shape;
-    /// empty when the table has none (REPLICA IDENTITY NOTHING): such a
-    /// table has a history but no latest view.
+    /// Indexes of the key (replica identity) columns of the newest shape,
+    /// in the order of their names (the order of a row key's JSON, see
+    /// `read::key_json`); empty when the table has none (REPLICA IDENTITY
+    /// NOTHING): such a table has a history but no latest view.
     pub key: Vec<usize>,
 }
 
@@ -250,7 +251,7 @@ impl TableShape {
                 }
             }
         }
-        let key = sorted
+        let mut key: Vec<usize> = sorted
             .last()
             .map(|r| {
                 r.columns
@@ -260,6 +261,8 @@ impl TableShape {
                     .collect()
             })
             .unwrap_or_default();
+        key.sort_by(|a, b| columns[*a].name.cmp(&columns[*b].name));
+        key.dedup();
         TableShape {
             table: table.to_string(),
             columns,
@@ -298,7 +301,7 @@ pub enum Cell {
 /// Parses one JSON value as rendered by the source into a cell of `kind`;
 /// the error says what the value is and why it does not fit.
 pub fn parse_cell(kind: Kind, value: &Value) -> Result<Cell, String> {
-    let bad = || format!("{value} is not a valid {}", kind.describe());
+    let bad = || not_valid(kind, value);
     Ok(match value {
         Value::Null => Cell::Null,
         Value::String(s) => return parse_str_cell(kind, s),
@@ -325,6 +328,11 @@ pub fn parse_cell(kind: Kind, value: &Value) -> Result<Cell, String> {
     })
 }
 
+/// The error of a value (as JSON text) that is no valid `kind`.
+pub fn not_valid(kind: Kind, value: impl std::fmt::Display) -> String {
+    format!("{value} is not a valid {}", kind.describe())
+}
+
 /// An integer as a cell of an integer `kind`, if it fits.
 pub fn int_cell(kind: Kind, n: i64) -> Option<Cell> {
     let fits = match kind {
@@ -338,7 +346,7 @@ pub fn int_cell(kind: Kind, n: i64) -> Option<Cell> {
 /// [`parse_cell`] of a JSON string, without a `Value` around it (the
 /// archive reader parses strings straight from the line).
 pub fn parse_str_cell(kind: Kind, s: &str) -> Result<Cell, String> {
-    let bad = || format!("{} is not a valid {}", Value::from(s), kind.describe());
+    let bad = || not_valid(kind, Value::from(s));
     Ok(match kind {
         Kind::Int16 | Kind::Int32 | Kind::Int64 | Kind::Bool => return Err(bad()),
         Kind::Float32 | Kind::Float64 => Cell::Float(match s {
@@ -396,18 +404,6 @@ pub fn parse_str_cell(kind: Kind, s: &str) -> Result<Cell, String> {
     })
 }
 
-/// Days since 1970-01-01 of the proleptic Gregorian `year-month-day`
-/// (Howard Hinnant's `days_from_civil`).
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = month as i64;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day as i64 - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 /// The value of the ASCII digits `b` (all of them digits), else `None`.
 fn digits(b: &[u8]) -> Option<u32> {
     b.iter().try_fold(0u32, |n, &d| {
@@ -415,29 +411,22 @@ fn digits(b: &[u8]) -> Option<u32> {
     })
 }
 
+/// Days from 0001-01-01 (chrono's day 1) to 1970-01-01.
+const UNIX_EPOCH_DAY_FROM_CE: i64 = 719_163;
+
 /// `YYYY-MM-DD` as the source writes dates of years 1-9999 AD (days since
-/// 1970); `None` for any other form, left to chrono's general parser.
+/// 1970); `None` for any other form, left to chrono's general parser
+/// (its format parser is what costs: the calendar is chrono's here too).
 fn canonical_date(s: &[u8]) -> Option<i64> {
     let [y0, y1, y2, y3, b'-', m0, m1, b'-', d0, d1] = *s else {
         return None;
     };
-    let (year, month, day) = (
-        digits(&[y0, y1, y2, y3])?,
-        digits(&[m0, m1])?,
-        digits(&[d0, d1])?,
-    );
-    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
-    let days_in_month = match month {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if leap => 29,
-        2 => 28,
-        _ => return None,
-    };
-    if year == 0 || day == 0 || day > days_in_month {
+    let year = digits(&[y0, y1, y2, y3])?;
+    if year == 0 {
         return None;
     }
-    Some(days_from_civil(year as i64, month, day))
+    let date = NaiveDate::from_ymd_opt(year as i32, digits(&[m0, m1])?, digits(&[d0, d1])?)?;
+    Some(date.num_days_from_ce() as i64 - UNIX_EPOCH_DAY_FROM_CE)
 }
 
 /// `YYYY-MM-DDTHH:MM:SS[.fraction]` followed, for `tz`, by `+HH:MM` or
@@ -780,6 +769,25 @@ mod tests {
             let cell = parse_str_cell(kind, &ts).ok();
             proptest::prop_assert_eq!(cell, by_chrono(kind, &ts).map(Cell::Int), "{}", ts);
         }
+    }
+
+    #[test]
+    fn a_shapes_key_is_ordered_by_column_name_as_its_json_is() {
+        let col = |name: &str, key: bool| RecordColumn {
+            name: name.into(),
+            type_name: String::new(),
+            type_oid: 20,
+            type_modifier: -1,
+            key,
+        };
+        let record = SchemaRecord {
+            table: "public.t".into(),
+            version: 1,
+            columns: vec![col("id", true), col("v", false), col("code", true)],
+            replica_identity: "default".into(),
+        };
+        let shape = TableShape::from_records("public.t", &[record]);
+        assert_eq!(shape.key, [2, 0], "code, then id");
     }
 
     #[test]
