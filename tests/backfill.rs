@@ -208,6 +208,81 @@ async fn backfill_while_writes_go_on() {
     db.drop_db().await;
 }
 
+/// A commit that is in the WAL (so the stream has it) but not yet visible to
+/// new snapshots is not overwritten by the `read` of a chunk whose window
+/// opens meanwhile: the chunk waits until it is visible. Every commit passes
+/// through that moment; a synchronous standby that never answers holds a
+/// commit there for as long as the test needs (CI once caught the short
+/// natural one: a row's read replayed over its newer update).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_not_yet_visible_is_not_overwritten_by_a_read() {
+    let pg = common::pg::DedicatedPg::start();
+    let db = TestDb::on(pg.url(), "bfvisible").await;
+    three_tables(&db, 300).await;
+    let pipeline = unique("bfvis").replace('_', "-");
+    let prefix = format!("backfill/{pipeline}");
+    let mut run = Waltail::new(&db, &pipeline, "public.a, public.b, public.c");
+    run.s3(&prefix);
+    let state_dir = run.dir.path().join("waltail-state");
+    run.start();
+
+    // Sessions that ask for synchronous commit now wait for a standby that
+    // never connects; everyone else commits locally.
+    db.exec("ALTER SYSTEM SET synchronous_standby_names = 'never_connects'")
+        .await;
+    db.exec("ALTER SYSTEM SET synchronous_commit = 'local'")
+        .await;
+    db.exec("SELECT pg_reload_conf()").await;
+    let held = TestDb::attach(&db.url).await;
+    let pid: i32 = held
+        .client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    held.exec("SET synchronous_commit = on").await;
+    let updating = tokio::spawn(async move {
+        held.client
+            .batch_execute("UPDATE a SET v = -1 WHERE id = 150")
+            .await
+    });
+    // The stream has the update; new snapshots do not see it yet.
+    eventually(Duration::from_secs(30), "the update archived", async || {
+        let objects = s3_objects(&prefix).await;
+        contiguous(&objects)
+            && checked_changes(&objects, Some(&prefix), &pipeline)
+                .iter()
+                .any(|c| c["op"] == "update" && c["data"]["v"] == -1)
+    })
+    .await;
+    assert_eq!(db.rows("a").await["150"]["v"], 150);
+    // A transaction left open (idle, with a change) has not begun to commit:
+    // the backfill does not wait for it.
+    let idle = TestDb::attach(&db.url).await;
+    idle.exec("BEGIN; UPDATE b SET v = -2 WHERE id = 1").await;
+
+    let mut cli = Waltail::new(&db, &pipeline, "public.a, public.b, public.c");
+    cli.env = run.env.clone();
+    cli.set("WALTAIL_STATE_DIR", state_dir.to_str().unwrap());
+    cli.spawn(&["backfill", "--yes", "--chunk-size", "100"]);
+    tokio::task::block_in_place(|| {
+        run.wait_log("waits for 1 transaction ", Duration::from_secs(30))
+    });
+    assert!(!updating.is_finished());
+    // The standby wait given up: the commit becomes visible.
+    db.exec(&format!("SELECT pg_cancel_backend({pid})")).await;
+    updating.await.unwrap().unwrap();
+    assert_eq!(db.rows("a").await["150"]["v"], -1);
+
+    let status = tokio::task::block_in_place(|| cli.wait_exit(Duration::from_secs(120)));
+    assert!(status.success(), "backfill failed:\n{}", cli.log());
+    idle.exec("COMMIT").await;
+    let changes = assert_replay_equals_tables(&db, &prefix, &pipeline).await;
+    assert_read_once(&reads_per_row(&changes));
+    assert_eq!(reads_per_row(&changes).len(), 900);
+    run.stop();
+}
+
 /// `waltail backfill` with no pipeline running runs one itself; killed with
 /// -9 in the middle, it resumes from its last chunk, and the archive holds
 /// every row exactly once, with no seq in two objects.

@@ -9,7 +9,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{Mark, check_server, connect, emit, plan, read_chunk};
+use super::{
+    Mark, check_server, connect, emit, in_progress, plan, read_chunk, sessions_of,
+    still_in_progress,
+};
 use crate::checkpoint::{Backfill, Checkpoint};
 use crate::config::{Config, TableName};
 use crate::error::{Disposition, Report};
@@ -187,6 +190,9 @@ async fn chunks(
         emit(client, &config.pipeline, chunk, Mark::Low).await?;
         let mut read_took = std::time::Duration::ZERO;
         let read = async {
+            if !wait_for_earlier_commits(client, state, table, id).await? {
+                return Ok(None); // cancelled meanwhile
+            }
             let rows = read_chunk(client, &plan, after.as_deref(), backfill.chunk_size).await?;
             read_took = started.elapsed();
             state.store_chunk(
@@ -196,11 +202,15 @@ async fn chunks(
                 rows.is_last,
                 &plan.members,
             )?;
-            Ok::<_, Error>(rows)
+            Ok::<_, Error>(Some(rows))
         }
         .await;
         let rows = match read {
-            Ok(rows) => rows,
+            Ok(Some(rows)) => rows,
+            Ok(None) => {
+                emit(client, &config.pipeline, chunk, Mark::Abort).await?;
+                return Ok(());
+            }
             Err(e) => {
                 // Closes the window now rather than at the next chunk, so
                 // the slot is not held at the low watermark meanwhile.
@@ -219,5 +229,54 @@ async fn chunks(
         if rows.last_key.is_some() {
             after = rows.last_key;
         }
+    }
+}
+
+/// Polls for the end of the transactions of [`in_progress`] from every 1 ms
+/// up to every [`POLL_MAX`]; says which sessions it waits for after
+/// [`TELL_AFTER`], and again every [`TELL_EVERY`].
+const POLL_MAX: Duration = Duration::from_millis(50);
+const TELL_AFTER: Duration = Duration::from_secs(2);
+const TELL_EVERY: Duration = Duration::from_secs(60);
+
+/// Waits, after a chunk's low watermark, until no transaction that was in
+/// progress then can hold a commit the stream has and the chunk's snapshot
+/// would not see (see [`in_progress`]). False if the backfill was cancelled
+/// meanwhile.
+async fn wait_for_earlier_commits(
+    client: &tokio_postgres::Client,
+    state: &mut Checkpoint,
+    table: &TableName,
+    id: i64,
+) -> Result<bool> {
+    let mut xids = in_progress(client).await?;
+    let started = std::time::Instant::now();
+    let mut told: Option<std::time::Instant> = None;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        xids = still_in_progress(client, &xids).await?;
+        if xids.is_empty() {
+            return Ok(true);
+        }
+        if started.elapsed() >= TELL_AFTER {
+            if !state.backfill(id)?.is_some_and(|b| b.is_active()) {
+                return Ok(false);
+            }
+            if told.is_none_or(|t| t.elapsed() >= TELL_EVERY) {
+                let n = xids.len();
+                let sessions = sessions_of(client, &xids).await?;
+                tracing::warn!(
+                    table = %table,
+                    waiting = ?started.elapsed(),
+                    %sessions,
+                    "the next backfill chunk waits for {n} transaction{} in progress when it began to end: \
+                     one may have committed changes the stream already has but a read would not yet see",
+                    if n == 1 { "" } else { "s" }
+                );
+                told = Some(std::time::Instant::now());
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(POLL_MAX);
     }
 }

@@ -7,9 +7,12 @@
 //! snapshots):
 //!
 //! 1. write the low watermark (its own transaction);
-//! 2. read up to `chunk_size` rows after the last key, and store them in the
+//! 2. wait until the transactions in progress at that moment have ended
+//!    (see [`in_progress`]: a commit can be in the WAL, before the low
+//!    watermark, and still invisible to a new snapshot);
+//! 3. read up to `chunk_size` rows after the last key, and store them in the
 //!    local state;
-//! 3. write the high watermark.
+//! 4. write the high watermark.
 //!
 //! The pipeline sees the watermarks in commit order among the changes. It
 //! remembers which rows of the table changed between them; at the high
@@ -85,6 +88,80 @@ pub async fn emit(client: &Client, pipeline: &str, chunk: i64, mark: Mark) -> Re
         .await
         .map_err(|e| Error::postgres("writing a backfill watermark", e))?;
     Ok(())
+}
+
+/// The transactions in progress now (their full xids, as text): the ones a
+/// chunk read after a low watermark waits for (see [`still_in_progress`]).
+///
+/// Why wait: a transaction's commit record goes into the WAL before the
+/// transaction leaves the server's list of running ones, and only then do new
+/// snapshots see it. In between, the stream already has its changes while a
+/// snapshot does not: a commit just before the low watermark, outside the
+/// window, would let the chunk read the row as it was before, and the chunk's
+/// `read` event (emitted at the high watermark, later in the stream) would
+/// put that older row back over the newer change. Every transaction that can
+/// be in that state is in progress in a snapshot taken after the low
+/// watermark, so once these have ended a snapshot sees every commit before
+/// the watermark; transactions that begin later commit after it, inside the
+/// window or after it, as the scheme expects. (PostgreSQL waits the same way
+/// before it exports the snapshot of a new replication slot.)
+pub async fn in_progress(client: &Client) -> Result<Vec<String>> {
+    client
+        .query_one(
+            "SELECT COALESCE(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x",
+            &[],
+        )
+        .await
+        .map(|r| r.get(0))
+        .map_err(|e| Error::postgres("listing the transactions in progress", e))
+}
+
+/// Those of `xids` (from [`in_progress`]) that may still hold a commit the
+/// stream has and a snapshot would not see: not ended yet, and not visibly
+/// idle inside their transaction block (such a session has not begun to
+/// commit, so its commit comes after the low watermark: a forgotten open
+/// transaction does not hold the backfill). Sessions of other users, whose
+/// state the configured user may not see, and prepared transactions are
+/// waited for.
+pub async fn still_in_progress(client: &Client, xids: &[String]) -> Result<Vec<String>> {
+    client
+        .query_one(
+            "SELECT COALESCE(array_agg(x), '{}') FROM unnest($1::text[]) x
+             WHERE NOT pg_visible_in_snapshot(x::xid8, pg_current_snapshot())
+               AND NOT EXISTS (
+                   SELECT 1 FROM pg_stat_activity a
+                   WHERE a.backend_xid::text = (x::numeric % 4294967296)::text
+                     AND a.state IN ('idle in transaction', 'idle in transaction (aborted)'))",
+            &[&xids],
+        )
+        .await
+        .map(|r| r.get(0))
+        .map_err(|e| Error::postgres("checking the transactions in progress", e))
+}
+
+/// The sessions running `xids`, for the log: pid, state, since when, and
+/// the start of the query, where the configured user may see them; prepared
+/// transactions by gid.
+pub async fn sessions_of(client: &Client, xids: &[String]) -> Result<String> {
+    let rows = client
+        .query(
+            "SELECT format('pid %s (%s since %s: %s)', a.pid, a.state, date_trunc('second', a.xact_start),
+                           left(regexp_replace(a.query, '\\s+', ' ', 'g'), 60))
+             FROM pg_stat_activity a
+             WHERE a.backend_xid::text IN (SELECT (x::numeric % 4294967296)::text FROM unnest($1::text[]) x)
+             UNION ALL
+             SELECT format('prepared transaction %L', p.gid) FROM pg_prepared_xacts p
+             WHERE p.transaction::text IN (SELECT (x::numeric % 4294967296)::text FROM unnest($1::text[]) x)",
+            &[&xids],
+        )
+        .await
+        .map_err(|e| Error::postgres("looking up the sessions in progress", e))?;
+    let found: Vec<String> = rows.iter().filter_map(|r| r.get(0)).collect();
+    Ok(if found.is_empty() {
+        "sessions of other users: pg_stat_activity shows them to superusers and members of pg_read_all_stats".into()
+    } else {
+        found.join("; ")
+    })
 }
 
 /// An SQL connection whose text output matches the replication stream's.
