@@ -210,14 +210,17 @@ pub struct Line {
 /// `waltail run` writes (`table` before `data`) take the [`Envelope`]
 /// path. The result equals `type_change(shape, envelope)`.
 pub fn type_line(shapes: &Shapes, line: &[u8]) -> Result<Line, String> {
-    let mut de = serde_json::Deserializer::from_slice(line);
+    // Checked once here, so the parser does not check every string again
+    // (it does for a byte slice: a tenth of the parse).
+    let line = std::str::from_utf8(line).map_err(|e| format!("the line is not UTF-8: {e}"))?;
+    let mut de = serde_json::Deserializer::from_str(line);
     let fast = LineSeed { shapes }
         .deserialize(&mut de)
         .and_then(|p| de.end().map(|()| p))
         .map_err(|e| e.to_string())?;
     let Some(fast) = fast else {
         // `data` came before `table`: the general path.
-        let env: Envelope = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+        let env: Envelope = serde_json::from_str(line).map_err(|e| e.to_string())?;
         let seq = env.seq;
         let change = match shapes.get(&env.table) {
             Some((i, shape)) => Some((i, type_change(shape, env)?)),
@@ -436,14 +439,22 @@ impl<'de> Visitor<'de> for RowSeed<'_> {
         let mut cells = vec![Cell::Absent; shape.columns.len()];
         let mut keys = Vec::with_capacity(shape.key.len());
         let mut error = None;
+        // `waltail run` writes a row's columns in the shape's order: the
+        // next one is tried before the columns are searched.
+        let mut next = 0;
         while let Some(name) = map.next_key::<Cow<'de, str>>()? {
-            let Some(i) = shape.column(&name) else {
+            let found = match shape.columns.get(next) {
+                Some(c) if c.name == name => Some(next),
+                _ => shape.column(&name),
+            };
+            let Some(i) = found else {
                 map.next_value::<IgnoredAny>()?;
                 error.get_or_insert_with(|| {
                     format!("column {name:?} is in no schema record of {}", shape.table)
                 });
                 continue;
             };
+            next = i + 1;
             let kind = shape.columns[i].kind;
             let is_key = shape.key.contains(&i);
             let cell = if is_key || kind == Kind::Json {
