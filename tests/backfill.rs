@@ -210,7 +210,8 @@ async fn backfill_while_writes_go_on() {
 
 /// A commit that is in the WAL (so the stream has it) but not yet visible to
 /// new snapshots is not overwritten by the `read` of a chunk whose window
-/// opens meanwhile: the chunk waits until it is visible. Every commit passes
+/// opens meanwhile: the chunk waits until it is visible (after 10 s with its
+/// window closed, then reads again). Every commit passes
 /// through that moment; a synchronous standby that never answers holds a
 /// commit there for as long as the test needs (CI once caught the short
 /// natural one: a row's read replayed over its newer update).
@@ -246,6 +247,18 @@ async fn a_commit_not_yet_visible_is_not_overwritten_by_a_read() {
             .batch_execute("UPDATE a SET v = -1 WHERE id = 150")
             .await
     });
+    eventually(Duration::from_secs(30), "the commit held", async || {
+        let waiting = db
+            .client
+            .query_opt(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'",
+                &[&pid],
+            )
+            .await
+            .unwrap();
+        waiting.is_some()
+    })
+    .await;
     // The stream has the update; new snapshots do not see it yet.
     eventually(Duration::from_secs(30), "the update archived", async || {
         let objects = s3_objects(&prefix).await;
@@ -266,7 +279,10 @@ async fn a_commit_not_yet_visible_is_not_overwritten_by_a_read() {
     cli.set("WALTAIL_STATE_DIR", state_dir.to_str().unwrap());
     cli.spawn(&["backfill", "--yes", "--chunk-size", "100"]);
     tokio::task::block_in_place(|| {
-        run.wait_log("waits for 1 transaction ", Duration::from_secs(30))
+        run.wait_log("waits for 1 transaction ", Duration::from_secs(30));
+        // Longer than a chunk keeps its window open (the slot held at its
+        // low watermark): it waits on with the window closed.
+        run.wait_log("gave up its window", Duration::from_secs(30));
     });
     assert!(!updating.is_finished());
     // The standby wait given up: the commit becomes visible.

@@ -713,4 +713,18 @@ mod tests {
         .unwrap_err();
         assert!(err.contains("\"zz\""), "{err}");
     }
+
+    #[test]
+    fn a_line_that_is_not_utf8_is_an_error_that_says_where() {
+        let shapes = Shapes::new([Arc::new(shape())]);
+        let mut line = br#"{"op":"insert","table":"public.t","data":{"id":1,"doc":"x"#.to_vec();
+        line.extend_from_slice(
+            b"\xff\"},\"old\":null,\"seq\":9,\"idempotency_key\":\"k\",\"commit_lsn\":\"0/1\"}",
+        );
+        let err = type_line(&shapes, &line).err().unwrap();
+        assert!(
+            err.contains("not UTF-8") && err.contains("index 57"),
+            "{err}"
+        );
+    }
 }

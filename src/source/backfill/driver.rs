@@ -139,6 +139,14 @@ fn fail_unless_retry(state: &mut Checkpoint, backfill: &Backfill, e: Error) -> R
     state.set_backfill_status(backfill.id, "failed", Some(&message))
 }
 
+/// What became of a chunk between its watermarks.
+enum Chunk {
+    Read(super::ChunkRows),
+    Cancelled,
+    /// Transactions in progress at its low watermark went on too long.
+    Busy(Vec<String>),
+}
+
 /// Chunks read, stored and watermarked ahead of the pipeline: reading the
 /// next chunk overlaps with archiving the last one. Their rows wait in the
 /// local state, not in memory.
@@ -190,8 +198,11 @@ async fn chunks(
         emit(client, &config.pipeline, chunk, Mark::Low).await?;
         let mut read_took = std::time::Duration::ZERO;
         let read = async {
-            if !wait_for_earlier_commits(client, state, table, id).await? {
-                return Ok(None); // cancelled meanwhile
+            let xids = in_progress(client).await?;
+            match wait_for(client, state, table, id, xids, Some(WINDOW_WAIT)).await? {
+                Waited::Ended => {}
+                Waited::Cancelled => return Ok(Chunk::Cancelled),
+                Waited::TimedOut(xids) => return Ok(Chunk::Busy(xids)),
             }
             let rows = read_chunk(client, &plan, after.as_deref(), backfill.chunk_size).await?;
             read_took = started.elapsed();
@@ -202,14 +213,30 @@ async fn chunks(
                 rows.is_last,
                 &plan.members,
             )?;
-            Ok::<_, Error>(Some(rows))
+            Ok::<_, Error>(Chunk::Read(rows))
         }
         .await;
         let rows = match read {
-            Ok(Some(rows)) => rows,
-            Ok(None) => {
+            Ok(Chunk::Read(rows)) => rows,
+            Ok(Chunk::Cancelled) => {
                 emit(client, &config.pipeline, chunk, Mark::Abort).await?;
                 return Ok(());
+            }
+            Ok(Chunk::Busy(xids)) => {
+                // The window closed, so the slot is not held at its low
+                // watermark while the wait goes on; then a new chunk reads
+                // from the same key.
+                emit(client, &config.pipeline, chunk, Mark::Abort).await?;
+                tracing::info!(
+                    table = %table,
+                    chunk,
+                    "a backfill chunk gave up its window after {WINDOW_WAIT:?} of waiting for transactions in progress; it starts again once they have ended"
+                );
+                let waited = wait_for(client, state, table, id, xids, None).await?;
+                if matches!(waited, Waited::Cancelled) {
+                    return Ok(());
+                }
+                continue;
             }
             Err(e) => {
                 // Closes the window now rather than at the next chunk, so
@@ -238,33 +265,52 @@ async fn chunks(
 const POLL_MAX: Duration = Duration::from_millis(50);
 const TELL_AFTER: Duration = Duration::from_secs(2);
 const TELL_EVERY: Duration = Duration::from_secs(60);
+/// How long a chunk waits with its window open: the slot is held at the low
+/// watermark meanwhile, so a longer wait (a long-running write, a prepared
+/// transaction, a synchronous standby that does not answer) goes on with
+/// the window closed and the chunk starts again afterwards.
+const WINDOW_WAIT: Duration = Duration::from_secs(10);
 
-/// Waits, after a chunk's low watermark, until no transaction that was in
-/// progress then can hold a commit the stream has and the chunk's snapshot
-/// would not see (see [`in_progress`]). False if the backfill was cancelled
-/// meanwhile.
-async fn wait_for_earlier_commits(
+/// What a wait for the transactions in progress came to.
+enum Waited {
+    Ended,
+    Cancelled,
+    /// Some were still in progress after the time allowed.
+    TimedOut(Vec<String>),
+}
+
+/// Waits until none of `xids` (from [`in_progress`]) can hold a commit the
+/// stream has and a chunk's snapshot would not see, at most `limit`; stops
+/// if the backfill is cancelled meanwhile.
+async fn wait_for(
     client: &tokio_postgres::Client,
     state: &mut Checkpoint,
     table: &TableName,
     id: i64,
-) -> Result<bool> {
-    let mut xids = in_progress(client).await?;
+    mut xids: Vec<String>,
+    limit: Option<Duration>,
+) -> Result<Waited> {
     let started = std::time::Instant::now();
     let mut told: Option<std::time::Instant> = None;
     let mut pause = Duration::from_millis(1);
     loop {
         xids = still_in_progress(client, &xids).await?;
         if xids.is_empty() {
-            return Ok(true);
+            return Ok(Waited::Ended);
+        }
+        if limit.is_some_and(|l| started.elapsed() >= l) {
+            return Ok(Waited::TimedOut(xids));
         }
         if started.elapsed() >= TELL_AFTER {
             if !state.backfill(id)?.is_some_and(|b| b.is_active()) {
-                return Ok(false);
+                return Ok(Waited::Cancelled);
             }
             if told.is_none_or(|t| t.elapsed() >= TELL_EVERY) {
                 let n = xids.len();
-                let sessions = sessions_of(client, &xids).await?;
+                // Only for the log: a failure to look them up is said, not fatal.
+                let sessions = sessions_of(client, &xids)
+                    .await
+                    .unwrap_or_else(|e| format!("not known ({})", Report(&e)));
                 tracing::warn!(
                     table = %table,
                     waiting = ?started.elapsed(),

@@ -103,9 +103,18 @@ pub async fn emit(client: &Client, pipeline: &str, chunk: i64, mark: Mark) -> Re
 /// be in that state is in progress in a snapshot taken after the low
 /// watermark, so once these have ended a snapshot sees every commit before
 /// the watermark; transactions that begin later commit after it, inside the
-/// window or after it, as the scheme expects. (PostgreSQL waits the same way
-/// before it exports the snapshot of a new replication slot.)
+/// window or after it, as the scheme expects. (PostgreSQL waits similarly,
+/// for every running transaction, before it exports the snapshot of a new
+/// replication slot.)
 pub async fn in_progress(client: &Client) -> Result<Vec<String>> {
+    // A snapshot's list stops at its xmax, one past the newest finished xid:
+    // a transaction with a newer xid is in progress but not listed. An xid
+    // taken and finished now, after the watermark, moves xmax past every
+    // transaction that committed before the watermark (their xids are older).
+    client
+        .batch_execute("SELECT pg_current_xact_id()")
+        .await
+        .map_err(|e| Error::postgres("taking a transaction id", e))?;
     client
         .query_one(
             "SELECT COALESCE(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x",
@@ -145,8 +154,10 @@ pub async fn still_in_progress(client: &Client, xids: &[String]) -> Result<Vec<S
 pub async fn sessions_of(client: &Client, xids: &[String]) -> Result<String> {
     let rows = client
         .query(
-            "SELECT format('pid %s (%s since %s: %s)', a.pid, a.state, date_trunc('second', a.xact_start),
-                           left(regexp_replace(a.query, '\\s+', ' ', 'g'), 60))
+            "SELECT format('pid %s (%s)', a.pid, COALESCE(
+                 a.state || ' since ' || date_trunc('second', a.xact_start) || ': '
+                     || left(regexp_replace(a.query, '\\s+', ' ', 'g'), 60),
+                 'another user''s session: its state is shown to superusers and members of pg_read_all_stats'))
              FROM pg_stat_activity a
              WHERE a.backend_xid::text IN (SELECT (x::numeric % 4294967296)::text FROM unnest($1::text[]) x)
              UNION ALL
@@ -158,7 +169,7 @@ pub async fn sessions_of(client: &Client, xids: &[String]) -> Result<String> {
         .map_err(|e| Error::postgres("looking up the sessions in progress", e))?;
     let found: Vec<String> = rows.iter().filter_map(|r| r.get(0)).collect();
     Ok(if found.is_empty() {
-        "sessions of other users: pg_stat_activity shows them to superusers and members of pg_read_all_stats".into()
+        "none found (they may have just ended)".into()
     } else {
         found.join("; ")
     })
