@@ -217,12 +217,11 @@ impl LatestView {
                     return;
                 };
                 // An update that changed the key: the row was under the old one.
-                let previous = match change.old_key.as_deref() {
-                    Some(old) if old != key => self.rows.remove(old),
+                let moved = match change.old_key.as_deref() {
+                    Some(old) if old != key => self.rows.remove(old).map(|r| r.cells),
                     _ => None,
                 };
-                let previous = previous.or_else(|| self.rows.remove(key));
-                self.put(change, previous.map(|p| p.cells));
+                self.put(change, moved);
             }
         }
     }
@@ -231,16 +230,15 @@ impl LatestView {
     /// bucket: `moved` is the old row's values at that change (`None` when
     /// there was no such row), as [`LatestView::apply`] would have found it.
     pub fn apply_moved_in(&mut self, change: TypedChange, moved: Option<Vec<Cell>>) {
-        let Some(key) = change.key.as_deref() else {
-            return;
-        };
-        let previous = moved.or_else(|| self.rows.remove(key).map(|r| r.cells));
-        self.put(change, previous);
+        self.put(change, moved);
     }
 
     /// Stores an upsert's row, its absent (unchanged TOAST) cells taken
-    /// from `previous`, the row's values before (null without one).
-    fn put(&mut self, change: TypedChange, previous: Option<Vec<Cell>>) {
+    /// from the row's values before: `moved` (the row under its old key,
+    /// when the change moved it and it was found), else the row under its
+    /// key, else null. A row already under the key is replaced in place:
+    /// no second lookup, no new key, and its values move rather than copy.
+    fn put(&mut self, change: TypedChange, mut moved: Option<Vec<Cell>>) {
         let TypedChange {
             key: Some(key),
             mut cells,
@@ -251,16 +249,20 @@ impl LatestView {
         else {
             return;
         };
-        for (i, cell) in cells.iter_mut().enumerate() {
-            if matches!(cell, Cell::Absent) {
-                *cell = match &previous {
-                    Some(p) => p[i].clone(),
-                    None => Cell::Null,
-                };
+        match self.rows.get_mut(key.as_str()) {
+            Some(row) => {
+                take_absent(
+                    &mut cells,
+                    Some(moved.as_deref_mut().unwrap_or(&mut row.cells)),
+                );
+                *row = Row { seq, lsn, cells };
+            }
+            None => {
+                take_absent(&mut cells, moved.as_deref_mut());
+                self.rows
+                    .insert(key.into_boxed_str(), Row { seq, lsn, cells });
             }
         }
-        self.rows
-            .insert(key.into_boxed_str(), Row { seq, lsn, cells });
     }
 
     /// Removes the row under `key`; its values.
@@ -422,6 +424,19 @@ pub struct MergeInput {
     /// that only moves from a later bucket cost a replay; merged two at
     /// once, moves between the two would too. The result is the same.
     pub moved: Mutex<HashMap<u64, Option<Vec<Cell>>>>,
+}
+
+/// Fills `cells`' absent (unchanged TOAST) cells with `previous`' values,
+/// moved out of it (it is being replaced), or with nulls without one.
+fn take_absent(cells: &mut [Cell], mut previous: Option<&mut [Cell]>) {
+    for (i, cell) in cells.iter_mut().enumerate() {
+        if matches!(cell, Cell::Absent) {
+            *cell = match previous.as_deref_mut() {
+                Some(p) => std::mem::replace(&mut p[i], Cell::Null),
+                None => Cell::Null,
+            };
+        }
+    }
 }
 
 /// The latest view of bucket `bucket`: the previous generation's rows of
