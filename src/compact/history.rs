@@ -29,7 +29,7 @@ use parquet::schema::types::ColumnPath;
 
 use super::Task;
 use super::read::TypedChange;
-use super::typing::{TableShape, build_array};
+use super::typing::{Cell, TableShape, build_array};
 use crate::config::{CompactConfig, Compression};
 use crate::sink::layout::key_segment;
 use crate::{Error, Result};
@@ -454,6 +454,9 @@ type Rows = Vec<Arc<TypedChange>>;
 pub struct HistoryFile {
     pub shape: Arc<TableShape>,
     schema: SchemaRef,
+    /// Where and how the file is written, until its first buffer opens it
+    /// (see [`dictionaries_for`]).
+    unopened: Option<(Output, String, WriterProperties)>,
     /// The file, unless the encoding task has it.
     file: Option<ParquetFile>,
     /// Shared with the spool, which holds the same changes.
@@ -471,12 +474,8 @@ impl HistoryFile {
     ) -> Result<HistoryFile> {
         let schema = history_schema(&shape);
         Ok(HistoryFile {
-            file: Some(ParquetFile::create(
-                output,
-                key,
-                Arc::clone(&schema),
-                props,
-            )?),
+            unopened: Some((output.clone(), key, props)),
+            file: None,
             shape,
             schema,
             rows: Vec::with_capacity(BATCH_ROWS),
@@ -498,6 +497,15 @@ impl HistoryFile {
         if self.rows.is_empty() {
             return Ok(());
         }
+        if let Some((output, key, props)) = self.unopened.take() {
+            let props = dictionaries_for(props, &self.shape, &self.rows);
+            self.file = Some(ParquetFile::create(
+                &output,
+                key,
+                Arc::clone(&self.schema),
+                props,
+            )?);
+        }
         let (mut file, spare) = self.settle().await?;
         let rows = std::mem::replace(&mut self.rows, spare);
         let (shape, schema) = (Arc::clone(&self.shape), Arc::clone(&self.schema));
@@ -515,6 +523,15 @@ impl HistoryFile {
 
     /// Waits for the encoding task, if any: the file and an empty buffer.
     async fn settle(&mut self) -> Result<(ParquetFile, Rows)> {
+        if let Some((output, key, props)) = self.unopened.take() {
+            // No change came: an empty file.
+            self.file = Some(ParquetFile::create(
+                &output,
+                key,
+                Arc::clone(&self.schema),
+                props,
+            )?);
+        }
         match (self.encoding.take(), self.file.take()) {
             (Some(task), _) => task.join("the history encoder").await?,
             (None, Some(file)) => Ok((file, Vec::with_capacity(BATCH_ROWS))),
@@ -535,6 +552,60 @@ impl HistoryFile {
         Ok((key, rows, bytes))
     }
 }
+/// Rows of a first buffer from which a column's values are judged.
+const DICTIONARY_SAMPLE: usize = 1000;
+
+/// `props` with Parquet's dictionary turned off for the data columns (and
+/// `_lsn`) whose values nearly never repeat in the file's first buffer
+/// (`rows`): 90% or more distinct.
+///
+/// Why: a row group holds 131,072 rows by default, so the dictionary of a
+/// column of unique 8-byte values reaches Parquet's 1 MiB limit only at
+/// the group's end: every value goes through the writer's interner (9% of
+/// compact's CPU in a profile of the benchmark, which has ids, amounts,
+/// notes and timestamps that rarely repeat) for a dictionary that is
+/// larger than the values it encodes. Columns with repeats (a status, an
+/// account number, a transaction's shared LSN) keep it.
+pub fn dictionaries_for(
+    props: WriterProperties,
+    shape: &TableShape,
+    rows: &[Arc<TypedChange>],
+) -> WriterProperties {
+    use std::hash::BuildHasher;
+    if rows.len() < DICTIONARY_SAMPLE {
+        return props;
+    }
+    let hasher = foldhash::fast::FixedState::default();
+    let rarely_repeats = |values: &mut dyn Iterator<Item = u64>| {
+        let mut seen = std::collections::HashSet::with_capacity(rows.len());
+        let mut n = 0usize;
+        for v in values {
+            n += 1;
+            seen.insert(v);
+        }
+        n >= DICTIONARY_SAMPLE && seen.len() * 10 >= n * 9
+    };
+    let mut builder = props.into_builder();
+    for (i, column) in shape.columns.iter().enumerate() {
+        let mut values = rows.iter().filter_map(|r| match &r.cells[i] {
+            Cell::Absent | Cell::Null => None,
+            Cell::Int(v) => Some(hasher.hash_one(v)),
+            Cell::Float(v) => Some(hasher.hash_one(v.to_bits())),
+            Cell::Bool(v) => Some(hasher.hash_one(v)),
+            Cell::Dec(v) => Some(hasher.hash_one(v)),
+            Cell::Str(v) => Some(hasher.hash_one(v.as_str())),
+        });
+        if rarely_repeats(&mut values) {
+            builder = builder
+                .set_column_dictionary_enabled(ColumnPath::from(column.name.as_str()), false);
+        }
+    }
+    if rarely_repeats(&mut rows.iter().map(|r| hasher.hash_one(r.lsn.as_str()))) {
+        builder = builder.set_column_dictionary_enabled(ColumnPath::from("_lsn"), false);
+    }
+    builder.build()
+}
+
 /// The history's columns (data, then `_op`, `_seq`, `_lsn`, `_key`, `_old`,
 /// `_unchanged`) of typed changes, as [`history_schema`] lays them out
 /// (compaction writes them; `query` reads its NDJSON tail into them).
@@ -572,6 +643,69 @@ mod tests {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use std::collections::HashSet;
     use std::sync::Mutex;
+
+    /// A column whose values nearly never repeat is written without a
+    /// dictionary; one whose values repeat, and `_lsn` shared by a
+    /// transaction's changes, keep theirs.
+    #[tokio::test]
+    async fn columns_that_rarely_repeat_are_written_without_a_dictionary() {
+        let output = Output {
+            store: Arc::new(InMemory::new()),
+            parts: None,
+        };
+        let shape = Arc::new(TableShape::test_t());
+        let props = writer_properties(&crate::config::CompactConfig::default());
+        let mut file = HistoryFile::create(&output, "h.parquet".into(), shape, props).unwrap();
+        for seq in 1..=20_000u64 {
+            file.push(Arc::new(TypedChange {
+                op_name: "insert",
+                op: ChangeOp::Upsert,
+                seq,
+                lsn: format!("0/{:X}", seq / 10 * 64).into(),
+                key: Some(format!(r#"{{"id":{seq}}}"#)),
+                old_key: None,
+                cells: vec![
+                    Cell::Int(seq as i64),
+                    Cell::Str(format!("status {}", seq % 7).into()),
+                ],
+                old: None,
+                unchanged: None,
+            }))
+            .await
+            .unwrap();
+        }
+        let (key, rows, _) = file.finish().await.unwrap();
+        assert_eq!(rows, 20_000);
+        let bytes = output
+            .store
+            .get(&ObjectPath::from(key.as_str()))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).unwrap();
+        let group = reader.metadata().row_group(0);
+        let dictionary = |name: &str| {
+            group
+                .columns()
+                .iter()
+                .find(|c| c.column_path().string() == name)
+                .unwrap()
+                .dictionary_page_offset()
+                .is_some()
+        };
+        assert!(!dictionary("id"));
+        assert!(!dictionary("_seq"));
+        assert!(dictionary("doc"));
+        assert!(dictionary("_lsn"));
+        assert!(dictionary("_op"));
+        // Under a thousand rows nothing is judged: parquet's defaults.
+        let few: Vec<Arc<TypedChange>> = Vec::new();
+        let props = writer_properties(&crate::config::CompactConfig::default());
+        let judged = dictionaries_for(props, &TableShape::test_t(), &few);
+        assert!(judged.dictionary_enabled(&ColumnPath::from("id")));
+    }
 
     /// Writes `n` changes of `public.t` (`doc` of `doc_bytes` random
     /// letters: incompressible, to make a large file) as one history file
