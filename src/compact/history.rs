@@ -445,7 +445,9 @@ pub fn parquet_error(key: &str, e: parquet::errors::ParquetError) -> Error {
 /// A buffer of changes to write.
 type Rows = Vec<Arc<TypedChange>>;
 
-/// One table's history file of a planned group, opened at its first change.
+/// One table's history file of a planned group, created at its first
+/// change and opened at its first buffer (whose values choose the
+/// dictionaries, see [`dictionaries_for`]).
 ///
 /// A full buffer of rows is converted and encoded (Parquet, zstd: a fifth
 /// of compact's CPU) on a task of its own while the next buffer fills, so

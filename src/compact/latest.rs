@@ -574,6 +574,39 @@ mod tests {
         assert_eq!(v.rows[r#"{"id":2}"#].seq, 3);
     }
 
+    /// A move carries from the row under the old key when there is one,
+    /// else from the row already under the new key; it replaces that row.
+    #[test]
+    fn a_move_onto_a_key_that_has_a_row_carries_from_the_right_one() {
+        let mut v = view();
+        v.apply(change(
+            ChangeOp::Upsert,
+            1,
+            1,
+            Cell::Str("one".into()),
+            None,
+        ));
+        v.apply(change(
+            ChangeOp::Upsert,
+            2,
+            2,
+            Cell::Str("two".into()),
+            None,
+        ));
+        // Both keys have a row: the moved row's value wins.
+        v.apply(change(ChangeOp::Upsert, 3, 2, Cell::Absent, Some(1)));
+        assert_eq!(doc(&v, 1), None);
+        assert_eq!(doc(&v, 2), Some(Cell::Str("one".into())));
+        // The old key has no row: the new key's own row is carried.
+        v.apply(change(ChangeOp::Upsert, 4, 2, Cell::Absent, Some(9)));
+        assert_eq!(doc(&v, 2), Some(Cell::Str("one".into())));
+        assert_eq!(v.rows[r#"{"id":2}"#].seq, 4);
+        // Neither has one: null.
+        v.apply(change(ChangeOp::Upsert, 5, 3, Cell::Absent, Some(8)));
+        assert_eq!(doc(&v, 3), Some(Cell::Null));
+        assert_eq!(v.len(), 2);
+    }
+
     #[test]
     fn deletes_and_truncates_remove_rows() {
         let mut v = view();
