@@ -72,6 +72,16 @@ async fn writer(url: String, rows: i64, seed: u64, stop: Arc<AtomicBool>, done: 
     }
 }
 
+/// A second `waltail` beside `run` (same settings and local state), as a
+/// user runs `waltail backfill` next to a running pipeline.
+fn beside(run: &Waltail, db: &TestDb, pipeline: &str, tables: &str) -> Waltail {
+    let mut cli = Waltail::new(db, pipeline, tables);
+    cli.env = run.env.clone();
+    let state_dir = run.dir.path().join("waltail-state");
+    cli.set("WALTAIL_STATE_DIR", state_dir.to_str().unwrap());
+    cli
+}
+
 /// Replaying the archive gives exactly the three tables.
 async fn assert_replay_equals_tables(db: &TestDb, prefix: &str, pipeline: &str) -> Vec<Value> {
     let mut last = BTreeMap::new();
@@ -162,7 +172,6 @@ async fn backfill_while_writes_go_on() {
     run.s3(&prefix)
         .set("WALTAIL_DELIVERY_BATCH_SIZE", "500")
         .set("WALTAIL_DELIVERY_MAX_IN_FLIGHT", "8");
-    let state_dir = run.dir.path().join("waltail-state");
     run.start();
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -175,9 +184,7 @@ async fn backfill_while_writes_go_on() {
         txns.clone(),
     ));
 
-    let mut cli = Waltail::new(&db, &pipeline, "public.a, public.b, public.c");
-    cli.env = run.env.clone();
-    cli.set("WALTAIL_STATE_DIR", state_dir.to_str().unwrap());
+    let mut cli = beside(&run, &db, &pipeline, "public.a, public.b, public.c");
     cli.spawn(&["backfill", "--yes", "--chunk-size", "4000"]);
     let status = tokio::task::block_in_place(|| cli.wait_exit(Duration::from_secs(600)));
     let out = cli.log();
@@ -224,7 +231,6 @@ async fn a_commit_not_yet_visible_is_not_overwritten_by_a_read() {
     let prefix = format!("backfill/{pipeline}");
     let mut run = Waltail::new(&db, &pipeline, "public.a, public.b, public.c");
     run.s3(&prefix);
-    let state_dir = run.dir.path().join("waltail-state");
     run.start();
 
     // Sessions that ask for synchronous commit now wait for a standby that
@@ -274,9 +280,7 @@ async fn a_commit_not_yet_visible_is_not_overwritten_by_a_read() {
     let idle = TestDb::attach(&db.url).await;
     idle.exec("BEGIN; UPDATE b SET v = -2 WHERE id = 1").await;
 
-    let mut cli = Waltail::new(&db, &pipeline, "public.a, public.b, public.c");
-    cli.env = run.env.clone();
-    cli.set("WALTAIL_STATE_DIR", state_dir.to_str().unwrap());
+    let mut cli = beside(&run, &db, &pipeline, "public.a, public.b, public.c");
     cli.spawn(&["backfill", "--yes", "--chunk-size", "100"]);
     tokio::task::block_in_place(|| {
         run.wait_log("waits for 1 transaction ", Duration::from_secs(30));
@@ -482,10 +486,7 @@ async fn backfill_can_be_cancelled() {
         let state: Value = serde_json::from_str(&body).unwrap();
         state["backfills"][0].clone()
     };
-    let mut cli = Waltail::new(&db, &pipeline, "public.a");
-    cli.env = run.env.clone();
-    let state_dir = run.dir.path().join("waltail-state");
-    cli.set("WALTAIL_STATE_DIR", state_dir.to_str().unwrap());
+    let mut cli = beside(&run, &db, &pipeline, "public.a");
     cli.spawn(&["backfill", "--yes", "--chunk-size", "500"]);
     eventually(Duration::from_secs(60), "some read events", async || {
         s3_objects(&prefix)

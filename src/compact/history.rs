@@ -646,6 +646,12 @@ mod tests {
     use std::collections::HashSet;
     use std::sync::Mutex;
 
+    /// The bytes of the file `key` in `output`'s store.
+    async fn stored(output: &Output, key: &str) -> Bytes {
+        let got = output.store.get(&ObjectPath::from(key)).await.unwrap();
+        got.bytes().await.unwrap()
+    }
+
     /// A column whose values nearly never repeat is written without a
     /// dictionary; one whose values repeat, and `_lsn` shared by a
     /// transaction's changes, keep theirs.
@@ -678,14 +684,7 @@ mod tests {
         }
         let (key, rows, _) = file.finish().await.unwrap();
         assert_eq!(rows, 20_000);
-        let bytes = output
-            .store
-            .get(&ObjectPath::from(key.as_str()))
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
+        let bytes = stored(&output, &key).await;
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).unwrap();
         let group = reader.metadata().row_group(0);
         let dictionary = |name: &str| {
@@ -738,14 +737,7 @@ mod tests {
         }
         let (key, rows, _) = file.finish().await.unwrap();
         assert_eq!(rows, n);
-        let bytes = output
-            .store
-            .get(&ObjectPath::from(key.as_str()))
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
+        let bytes = stored(output, &key).await;
         let (mut seqs, mut read) = (Vec::new(), Vec::new());
         for batch in ParquetRecordBatchReaderBuilder::try_new(bytes)
             .unwrap()
