@@ -369,11 +369,11 @@ impl<'de, 's> Visitor<'de> for LineSeed<'s> {
             lsn: None,
         };
         let mut out_of_order = false;
-        while let Some(field) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(Text(field)) = map.next_key()? {
             match &*field {
-                "op" => line.op = Some(map.next_value::<Cow<'de, str>>()?.as_ref().into()),
+                "op" => line.op = Some(map.next_value::<Text>()?.0.as_ref().into()),
                 "table" => {
-                    let table = map.next_value::<Cow<'de, str>>()?;
+                    let Text(table) = map.next_value()?;
                     line.shape = self.shapes.get(&table).map(|(i, s)| (i, &**s));
                     line.table = true;
                 }
@@ -392,7 +392,7 @@ impl<'de, 's> Visitor<'de> for LineSeed<'s> {
                 "old" => line.old = map.next_value()?,
                 "seq" => line.seq = Some(map.next_value()?),
                 "commit_lsn" => {
-                    line.lsn = Some(map.next_value::<Cow<'de, str>>()?.as_ref().into());
+                    line.lsn = Some(map.next_value::<Text>()?.0.as_ref().into());
                 }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
@@ -400,6 +400,39 @@ impl<'de, 's> Visitor<'de> for LineSeed<'s> {
             }
         }
         Ok((!out_of_order).then_some(line))
+    }
+}
+
+/// A string of the line, borrowed from it unless it has escapes. Serde's
+/// own `Cow<str>` always copies (it borrows only for a `#[serde(borrow)]`
+/// field): a dozen allocations per line for the field and column names.
+struct Text<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+
+        impl<'de> Visitor<'de> for TextVisitor {
+            type Value = Text<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v.to_string())))
+            }
+
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+
+        d.deserialize_str(TextVisitor)
     }
 }
 
@@ -442,7 +475,7 @@ impl<'de> Visitor<'de> for RowSeed<'_> {
         // `waltail run` writes a row's columns in the shape's order: the
         // next one is tried before the columns are searched.
         let mut next = 0;
-        while let Some(name) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(Text(name)) = map.next_key()? {
             let found = match shape.columns.get(next) {
                 Some(c) if c.name == name => Some(next),
                 _ => shape.column(&name),
@@ -656,6 +689,8 @@ mod tests {
             r#"{"op":"truncate","table":"public.t","data":null,"old":null,"seq":5,"idempotency_key":"k","commit_lsn":"0/5"}"#,
             r#"{"data":{"id":9,"code":"z"},"op":"read","table":"public.t","old":null,"seq":6,"idempotency_key":"k","commit_lsn":"0/6"}"#,
             r#"{"op":"insert","table":"public.other","data":{"x":1},"old":null,"seq":7,"idempotency_key":"k","commit_lsn":"0/7"}"#,
+            // Escaped names and values: unescaped copies, not borrowed text.
+            r#"{"o\u0070":"upd\u0061te","t\u0061ble":"public.\u0074","data":{"\u0069d":3,"c\u006fde":"q"},"old":null,"seq":8,"idempotency_key":"k","commit_l\u0073n":"0\/8"}"#,
         ];
         for line in lines {
             let fast = type_line(&shapes, line.as_bytes()).unwrap();
