@@ -24,7 +24,6 @@
 //! bucket up to that change when it comes later in the merge.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
@@ -458,9 +457,8 @@ pub async fn merge_bucket(
     let mut view =
         LatestView::load_bucket(&input.ctx, Arc::clone(&input.shape), &files, bucket, n).await?;
     let table = &input.shape.table;
-    let rounds: Vec<Vec<PathBuf>> = input.spool.rounds(table, bucket, n);
-    for files in rounds {
-        for step in input.spool.read_round(table, &files, bucket, n)? {
+    for file in input.spool.rounds(table) {
+        for step in input.spool.read_round(table, file, bucket, n)? {
             if until.is_some_and(|u| step.seq() >= u) {
                 return Ok(view);
             }
