@@ -500,7 +500,11 @@ impl HistoryFile {
             return Ok(());
         }
         if let Some((output, key, props)) = self.unopened.take() {
-            let props = dictionaries_for(props, &self.shape, &self.rows);
+            let rows = self
+                .rows
+                .iter()
+                .map(|r| (r.cells.as_slice(), r.lsn.as_str()));
+            let props = dictionaries_for(props, &self.shape, rows);
             self.file = Some(ParquetFile::create(
                 &output,
                 key,
@@ -559,7 +563,7 @@ const DICTIONARY_SAMPLE: usize = 1000;
 
 /// `props` with Parquet's dictionary turned off for the data columns (and
 /// `_lsn`) whose values nearly never repeat in the file's first buffer
-/// (`rows`): 90% or more distinct.
+/// (`rows`: each row's cells and LSN): 90% or more distinct.
 ///
 /// Why: a row group holds 131,072 rows by default, so the dictionary of a
 /// column of unique 8-byte values reaches Parquet's 1 MiB limit only at
@@ -568,18 +572,19 @@ const DICTIONARY_SAMPLE: usize = 1000;
 /// notes and timestamps that rarely repeat) for a dictionary that is
 /// larger than the values it encodes. Columns with repeats (a status, an
 /// account number, a transaction's shared LSN) keep it.
-pub fn dictionaries_for(
+pub fn dictionaries_for<'r>(
     props: WriterProperties,
     shape: &TableShape,
-    rows: &[Arc<TypedChange>],
+    rows: impl ExactSizeIterator<Item = (&'r [Cell], &'r str)> + Clone,
 ) -> WriterProperties {
     use std::hash::BuildHasher;
     if rows.len() < DICTIONARY_SAMPLE {
         return props;
     }
     let hasher = foldhash::fast::FixedState::default();
+    let len = rows.len();
     let rarely_repeats = |values: &mut dyn Iterator<Item = u64>| {
-        let mut seen = std::collections::HashSet::with_capacity(rows.len());
+        let mut seen = std::collections::HashSet::with_capacity(len);
         let mut n = 0usize;
         for v in values {
             n += 1;
@@ -589,7 +594,7 @@ pub fn dictionaries_for(
     };
     let mut builder = props.into_builder();
     for (i, column) in shape.columns.iter().enumerate() {
-        let mut values = rows.iter().filter_map(|r| match &r.cells[i] {
+        let mut values = rows.clone().filter_map(|(cells, _)| match &cells[i] {
             Cell::Absent | Cell::Null => None,
             Cell::Int(v) => Some(hasher.hash_one(v)),
             Cell::Float(v) => Some(hasher.hash_one(v.to_bits())),
@@ -602,7 +607,7 @@ pub fn dictionaries_for(
                 .set_column_dictionary_enabled(ColumnPath::from(column.name.as_str()), false);
         }
     }
-    if rarely_repeats(&mut rows.iter().map(|r| hasher.hash_one(r.lsn.as_str()))) {
+    if rarely_repeats(&mut rows.map(|(_, lsn)| hasher.hash_one(lsn))) {
         builder = builder.set_column_dictionary_enabled(ColumnPath::from("_lsn"), false);
     }
     builder.build()
@@ -670,7 +675,7 @@ mod tests {
                 op: ChangeOp::Upsert,
                 seq,
                 lsn: format!("0/{:X}", seq / 10 * 64).into(),
-                key: Some(format!(r#"{{"id":{seq}}}"#)),
+                key: Some(format!(r#"{{"id":{seq}}}"#).into()),
                 old_key: None,
                 cells: vec![
                     Cell::Int(seq as i64),
@@ -704,7 +709,8 @@ mod tests {
         // Under a thousand rows nothing is judged: parquet's defaults.
         let few: Vec<Arc<TypedChange>> = Vec::new();
         let props = writer_properties(&crate::config::CompactConfig::default());
-        let judged = dictionaries_for(props, &TableShape::test_t(), &few);
+        let rows = few.iter().map(|r| (r.cells.as_slice(), r.lsn.as_str()));
+        let judged = dictionaries_for(props, &TableShape::test_t(), rows);
         assert!(judged.dictionary_enabled(&ColumnPath::from("id")));
     }
 
@@ -727,7 +733,7 @@ mod tests {
                 op: ChangeOp::Upsert,
                 seq,
                 lsn: format!("0/{seq:X}").into(),
-                key: Some(format!(r#"{{"id":{seq}}}"#)),
+                key: Some(format!(r#"{{"id":{seq}}}"#).into()),
                 old_key: None,
                 cells: vec![Cell::Int(seq as i64), Cell::Str(doc.into())],
                 old: None,
@@ -885,7 +891,7 @@ mod tests {
                         op: ChangeOp::Upsert,
                         seq,
                         lsn: "0/1".into(),
-                        key: Some(format!(r#"{{"id":{seq}}}"#)),
+                        key: Some(format!(r#"{{"id":{seq}}}"#).into()),
                         old_key: None,
                         cells: vec![
                             Cell::Int(seq as i64),

@@ -35,7 +35,7 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use parquet::file::properties::WriterProperties;
 
-use super::history::{Output, ParquetFile, table_dir};
+use super::history::{Output, ParquetFile, dictionaries_for, table_dir};
 use super::manifest::Move;
 use super::read::{ChangeOp, TypedChange};
 use super::session::{ARCHIVE_URL, table_url};
@@ -57,7 +57,7 @@ struct Row {
 /// A table's latest rows, being merged.
 pub struct LatestView {
     pub shape: Arc<TableShape>,
-    rows: HashMap<Box<str>, Row, foldhash::fast::RandomState>,
+    rows: HashMap<CompactString, Row, foldhash::fast::RandomState>,
 }
 
 /// The latest view's Arrow schema.
@@ -258,8 +258,7 @@ impl LatestView {
             }
             None => {
                 take_absent(&mut cells, moved.as_deref_mut());
-                self.rows
-                    .insert(key.into_boxed_str(), Row { seq, lsn, cells });
+                self.rows.insert(key, Row { seq, lsn, cells });
             }
         }
     }
@@ -307,12 +306,12 @@ impl LatestView {
         let schema = latest_schema(&self.shape);
         let dir = table_dir(prefix, staging, &self.shape);
         let final_dir = table_dir(prefix, "latest", &self.shape);
-        let mut keys: Vec<&Box<str>> = self.rows.keys().collect();
-        keys.sort_unstable();
+        let mut rows: Vec<(&CompactString, &Row)> = self.rows.iter().collect();
+        rows.sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
         let mut written = Vec::new();
         let mut bytes = 0;
         let mut file: Option<ParquetFile> = None;
-        for chunk in keys.chunks(BATCH_ROWS) {
+        for chunk in rows.chunks(BATCH_ROWS) {
             if file.as_ref().is_some_and(|f| f.size() >= file_bytes) {
                 let f = file.take().expect("checked");
                 written.push(f.key.clone());
@@ -324,10 +323,16 @@ impl LatestView {
                     output,
                     format!("{dir}/{stem}-{:04}.parquet", written.len()),
                     Arc::clone(&schema),
-                    props.clone(),
+                    dictionaries_for(
+                        props.clone(),
+                        &self.shape,
+                        chunk
+                            .iter()
+                            .map(|(_, r)| (r.cells.as_slice(), r.lsn.as_str())),
+                    ),
                 )?),
             };
-            let rows: Vec<&Row> = chunk.iter().map(|k| &self.rows[*k]).collect();
+            let rows: Vec<&Row> = chunk.iter().map(|(_, r)| *r).collect();
             let mut columns: Vec<ArrayRef> = self
                 .shape
                 .columns
@@ -342,7 +347,10 @@ impl LatestView {
                 rows.iter().map(|r| Some(&*r.lsn)).collect::<StringArray>(),
             ));
             columns.push(Arc::new(
-                chunk.iter().map(|k| Some(&***k)).collect::<StringArray>(),
+                chunk
+                    .iter()
+                    .map(|(k, _)| Some(k.as_str()))
+                    .collect::<StringArray>(),
             ));
             let batch = RecordBatch::try_new(Arc::clone(&schema), columns)
                 .map_err(|e| Error::bug(format!("cannot build a batch of {}: {e}", f.key)))?;
@@ -540,8 +548,8 @@ mod tests {
             op,
             seq,
             lsn: "0/1".into(),
-            key: Some(format!(r#"{{"id":{id}}}"#)),
-            old_key: old_key.map(|k| format!(r#"{{"id":{k}}}"#)),
+            key: Some(format!(r#"{{"id":{id}}}"#).into()),
+            old_key: old_key.map(|k| format!(r#"{{"id":{k}}}"#).into()),
             cells: vec![Cell::Int(id), doc],
             old: None,
             unchanged: None,
@@ -634,5 +642,57 @@ mod tests {
         v.apply(change(ChangeOp::Delete, 2, 1, Cell::Null, None));
         v.apply(change(ChangeOp::Upsert, 3, 1, Cell::Absent, None));
         assert_eq!(doc(&v, 1), Some(Cell::Null));
+    }
+
+    /// The latest view's files, like the history's, are written without a
+    /// dictionary for columns whose values nearly never repeat (the key
+    /// here), and with one for the others; rows in key order.
+    #[tokio::test]
+    async fn a_view_column_that_rarely_repeats_is_written_without_a_dictionary() {
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        use parquet::schema::types::ColumnPath;
+        let mut v = view();
+        for id in 1..=3000 {
+            let doc = Cell::Str(format!("status {}", id % 7).into());
+            v.apply(change(ChangeOp::Upsert, id as u64, id, doc, None));
+        }
+        let store = Arc::new(object_store::memory::InMemory::new());
+        let target = LatestTarget {
+            output: Output {
+                store: store.clone(),
+                parts: None,
+            },
+            prefix: None,
+            staging: "staging".into(),
+            generation: 1,
+            props: super::super::history::writer_properties(&Default::default()),
+            file_bytes: 1 << 30,
+        };
+        let (moves, _) = v.write_bucket(&target, 0, false).await.unwrap();
+        assert_eq!(moves.len(), 1);
+        let path = object_store::path::Path::from(moves[0].from.as_str());
+        let bytes = store.get(&path).await.unwrap().bytes().await.unwrap();
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).unwrap();
+        let group = reader.metadata().row_group(0);
+        let dictionary = |name: &str| {
+            let path = ColumnPath::from(name);
+            let column = group.columns().iter().find(|c| *c.column_path() == path);
+            column.unwrap().dictionary_page_offset().is_some()
+        };
+        assert!(!dictionary("id"));
+        assert!(dictionary("doc"));
+        let batches: Vec<RecordBatch> = reader.build().unwrap().map(Result::unwrap).collect();
+        let keys: Vec<String> = batches
+            .iter()
+            .flat_map(|b| {
+                let keys = b.column_by_name("_key").unwrap();
+                let keys = keys.as_any().downcast_ref::<StringArray>().unwrap();
+                keys.iter()
+                    .map(|k| k.unwrap().to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(keys.len(), 3000);
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "rows in key order");
     }
 }

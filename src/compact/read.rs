@@ -49,10 +49,12 @@ pub struct TypedChange {
     /// Inline: an LSN is at most 17 bytes.
     pub lsn: CompactString,
     /// The row's key as JSON (`{"id":1}`); `None` for a truncate or a table
-    /// without key.
-    pub key: Option<String>,
+    /// without key. Inline up to 24 bytes (most keys): no allocation per
+    /// change, and a latest view's map compares keys without a pointer
+    /// to follow.
+    pub key: Option<CompactString>,
     /// The key the row had before, when the change moved it (or a delete).
-    pub old_key: Option<String>,
+    pub old_key: Option<CompactString>,
     /// One cell per shape column; `Absent` where `data` left it out.
     pub cells: Vec<Cell>,
     pub old: Option<String>,
@@ -65,12 +67,15 @@ pub struct TypedChange {
 /// the order of their names (serde_json's map order, which the keys of
 /// every compacted archive were written in: the bucket of a row is the hash
 /// of this text, so it must never change), a missing column as null.
-pub fn key_json(shape: &TableShape, row: &Map<String, Value>) -> Option<String> {
+pub fn key_json(shape: &TableShape, row: &Map<String, Value>) -> Option<CompactString> {
     key_text(shape, |i| row.get(&shape.columns[i].name))
 }
 
 /// [`key_json`] of the key columns' values `value(column index)`.
-fn key_text<'v>(shape: &TableShape, value: impl Fn(usize) -> Option<&'v Value>) -> Option<String> {
+fn key_text<'v>(
+    shape: &TableShape,
+    value: impl Fn(usize) -> Option<&'v Value>,
+) -> Option<CompactString> {
     let write = |out: &mut Vec<u8>, i: usize| {
         serde_json::to_writer(&mut *out, &shape.columns[i].name).expect("writes to memory");
         out.push(b':');
@@ -92,16 +97,23 @@ fn key_text<'v>(shape: &TableShape, value: impl Fn(usize) -> Option<&'v Value>) 
             key.dedup();
             std::borrow::Cow::Owned(key)
         };
-    let mut out = Vec::with_capacity(32);
-    out.push(b'{');
-    for (n, &i) in by_name.iter().enumerate() {
-        if n > 0 {
-            out.push(b',');
-        }
-        write(&mut out, i);
+    thread_local! {
+        /// Where a key is written before it is copied (inline, mostly):
+        /// reused, so a key costs no allocation.
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    out.push(b'}');
-    Some(String::from_utf8(out).expect("serde_json writes UTF-8"))
+    SCRATCH.with_borrow_mut(|out| {
+        out.clear();
+        out.push(b'{');
+        for (n, &i) in by_name.iter().enumerate() {
+            if n > 0 {
+                out.push(b',');
+            }
+            write(out, i);
+        }
+        out.push(b'}');
+        Some(CompactString::from_utf8(out.as_slice()).expect("serde_json writes UTF-8"))
+    })
 }
 
 /// Types one envelope; the error names the column and the value.
@@ -331,7 +343,7 @@ struct Row {
 
 impl Row {
     /// The row's key as [`key_json`] gives it.
-    fn key(&self, shape: &TableShape) -> Option<String> {
+    fn key(&self, shape: &TableShape) -> Option<CompactString> {
         key_text(shape, |i| {
             self.keys.iter().find(|(k, _)| *k == i).map(|(_, v)| v)
         })

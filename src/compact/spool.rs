@@ -689,7 +689,7 @@ fn read_steps(
             .as_any()
             .downcast_ref::<BinaryArray>()
             .ok_or_else(|| spool_error("bad column type"))?;
-        let opt = |a: &StringArray, i: usize| (!a.is_null(i)).then(|| a.value(i).to_string());
+        let opt = |a: &StringArray, i: usize| (!a.is_null(i)).then(|| a.value(i).into());
         let mut cells: Vec<std::vec::IntoIter<Cell>> = shape
             .columns
             .iter()
@@ -758,8 +758,8 @@ mod tests {
             op,
             seq,
             lsn: format!("0/{seq}").into(),
-            key: (op != ChangeOp::Truncate).then(|| format!(r#"{{"id":{id}}}"#)),
-            old_key: old.map(|k| format!(r#"{{"id":{k}}}"#)),
+            key: (op != ChangeOp::Truncate).then(|| format!(r#"{{"id":{id}}}"#).into()),
+            old_key: old.map(|k| format!(r#"{{"id":{k}}}"#).into()),
             cells: vec![Cell::Int(id), doc],
             old: None,
             unchanged: None,

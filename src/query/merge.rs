@@ -204,8 +204,8 @@ mod tests {
         Arc::new(TableShape::test_t())
     }
 
-    fn key(id: i64) -> String {
-        format!(r#"{{"id":{id}}}"#)
+    fn key(id: i64) -> compact_str::CompactString {
+        format!(r#"{{"id":{id}}}"#).into()
     }
 
     fn upsert(seq: u64, id: i64, doc: Cell, old: Option<i64>) -> TypedChange {

@@ -539,7 +539,7 @@ fn history_changes(shape: &TableShape, batch: &RecordBatch) -> Result<Vec<TypedC
             op,
             seq: seqs.value(i) as u64,
             lsn: lsns.value(i).into(),
-            key: (!keys.is_null(i)).then(|| keys.value(i).to_string()),
+            key: (!keys.is_null(i)).then(|| keys.value(i).into()),
             old_key,
             cells,
             old,
