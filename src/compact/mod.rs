@@ -27,7 +27,7 @@ pub mod session;
 pub mod spool;
 pub mod typing;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -255,8 +255,12 @@ async fn run(
     let mut spool = spool::Spool::new(config.compact.merge_bytes)?;
     let shapes = Arc::new(shapes);
     let mut objects = read_ahead(&store, &plan, &shapes);
+    // By table index (see read::Shapes): no lookup by name per change.
+    let starts: Vec<u64> = (0..shapes.len())
+        .map(|i| table_start(&manifest, &shapes.shape(i).table))
+        .collect();
     for file in &plan.files {
-        let mut open: HashMap<String, HistoryFile> = HashMap::new();
+        let mut open: Vec<Option<HistoryFile>> = (0..shapes.len()).map(|_| None).collect();
         for object in &file.objects {
             bar.set_message(
                 object
@@ -279,34 +283,36 @@ async fn run(
                 let Some((table, change)) = parsed.change else {
                     continue; // a table not compacted in this run
                 };
-                let shape = shapes.shape(table);
-                let start = table_start(&manifest, &shape.table);
+                let (shape, start) = (shapes.shape(table), starts[table]);
                 if change.seq < start {
                     continue;
                 }
                 let change = Arc::new(change);
                 spool.push(shape, &change).await?;
-                if !open.contains_key(&shape.table) {
-                    let key = history::history_key(
-                        prefix,
-                        shape,
-                        &file.date,
-                        file.first_seq.max(start),
-                        file.last_seq,
-                    );
-                    let h = HistoryFile::create(&output, key, Arc::clone(shape), props.clone())?;
-                    open.insert(shape.table.clone(), h);
-                }
-                let hist = open.get_mut(&shape.table).expect("inserted above");
+                let hist = match &mut open[table] {
+                    Some(hist) => hist,
+                    slot @ None => {
+                        let key = history::history_key(
+                            prefix,
+                            shape,
+                            &file.date,
+                            file.first_seq.max(start),
+                            file.last_seq,
+                        );
+                        let props = props.clone();
+                        slot.insert(HistoryFile::create(&output, key, Arc::clone(shape), props)?)
+                    }
+                };
                 hist.push(change).await?;
                 summary.changes += 1;
             }
             bar.inc(object.size);
         }
         // Each table's file of the group, in name order (deterministic).
-        let mut open: Vec<(String, HistoryFile)> = open.into_iter().collect();
-        open.sort_by(|a, b| a.0.cmp(&b.0));
-        for (table, hist) in open {
+        let mut open: Vec<HistoryFile> = open.into_iter().flatten().collect();
+        open.sort_by(|a, b| a.shape.table.cmp(&b.shape.table));
+        for hist in open {
+            let table = hist.shape.table.clone();
             let (_, rows, bytes) = hist.finish().await?;
             summary.history_files += 1;
             summary.history_bytes += bytes;

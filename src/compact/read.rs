@@ -194,6 +194,15 @@ impl Shapes {
     pub fn shape(&self, i: usize) -> &Arc<TableShape> {
         &self.list[i]
     }
+
+    /// How many tables there are (indexes `0..len()`).
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
 }
 
 impl std::ops::Index<&str> for Shapes {
