@@ -99,7 +99,8 @@ fn key_text<'v>(
         };
     thread_local! {
         /// Where a key is written before it is copied (inline, mostly):
-        /// reused, so a key costs no allocation.
+        /// reused, so a key costs no allocation; let go of after a huge
+        /// key, so a thread does not hold that much for the rest of a run.
         static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     SCRATCH.with_borrow_mut(|out| {
@@ -112,7 +113,11 @@ fn key_text<'v>(
             write(out, i);
         }
         out.push(b'}');
-        Some(CompactString::from_utf8(out.as_slice()).expect("serde_json writes UTF-8"))
+        let key = CompactString::from_utf8(out.as_slice()).expect("serde_json writes UTF-8");
+        if out.capacity() > 64 << 10 {
+            *out = Vec::new();
+        }
+        Some(key)
     })
 }
 
