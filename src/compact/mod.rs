@@ -454,44 +454,95 @@ const MERGERS: usize = 2;
 /// Objects read and parsed ahead of the writer.
 const READ_AHEAD: usize = 4;
 
-/// Objects fetched and parsed at once, each parse a task of its own, so the
-/// NDJSON parse (a third of compact's CPU) uses every core the history and
-/// spool writers leave free; their order is kept. On the runtime's workers,
-/// not blocking threads: those would add runnable threads beyond the
-/// cores, which measured 10-15% slower (a parse of 10,000 lines holds a
-/// worker for ~30 ms; nothing in compact needs a lower latency).
+/// Groups of objects fetched and parsed at once, each group's parse a task
+/// of its own, so the NDJSON parse (a third of compact's CPU) uses every
+/// core the history and spool writers leave free; their order is kept. On
+/// the runtime's workers, not blocking threads: those would add runnable
+/// threads beyond the cores, which measured 10-15% slower (a parse of
+/// 10,000 lines holds a worker for ~30 ms; nothing in compact needs a lower
+/// latency).
 const PARSERS: usize = 2;
 
-/// Reads and types the plan's objects, in plan order, [`PARSERS`] at a time;
-/// up to [`READ_AHEAD`] parsed objects wait for the writer (so up to
-/// `READ_AHEAD + PARSERS + 1` are in memory); stops when the receiver is
-/// dropped.
+/// Consecutive objects are fetched and parsed as one group up to this many
+/// bytes (a larger object is a group of its own): an archive of small
+/// objects (a quiet source writes a few lines per object) costs one parse
+/// task per group, not per object, and its GETs overlap (see [`FETCHES`]).
+const GROUP_BYTES: u64 = 1 << 20;
+
+/// GETs in flight within a group: objects of a few KiB are latency-bound
+/// on S3, where two at a time (one per parser) would leave the run waiting
+/// on round trips.
+const FETCHES: usize = 16;
+
+/// The plan's object keys in plan order, cut into groups of consecutive
+/// objects of at most [`GROUP_BYTES`] together (or one larger object).
+fn object_groups(plan: &Plan) -> Vec<Vec<String>> {
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    let mut bytes = 0;
+    for o in plan.files.iter().flat_map(|f| &f.objects) {
+        match groups.last_mut() {
+            Some(group) if bytes + o.size <= GROUP_BYTES => {
+                bytes += o.size;
+                group.push(o.key.clone());
+            }
+            _ => {
+                bytes = o.size;
+                groups.push(vec![o.key.clone()]);
+            }
+        }
+    }
+    groups
+}
+
+/// Reads and types the plan's objects, in plan order, [`PARSERS`] groups at
+/// a time (see [`GROUP_BYTES`]); up to [`READ_AHEAD`] parsed objects wait
+/// for the writer (so memory holds up to `READ_AHEAD` objects and
+/// `PARSERS + 1` groups); stops when the receiver is dropped.
 fn read_ahead(store: &Arc<dyn ObjectStore>, plan: &Plan, shapes: &Arc<read::Shapes>) -> ReadAhead {
     let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
     let store = Arc::clone(store);
     let shapes = Arc::clone(shapes);
-    let keys: Vec<String> = plan
-        .files
-        .iter()
-        .flat_map(|f| f.objects.iter().map(|o| o.key.clone()))
-        .collect();
+    let groups = object_groups(plan);
     let task = Task::spawn(async move {
-        let mut parsed = futures::stream::iter(keys)
-            .map(|key| {
+        let mut parsed = futures::stream::iter(groups)
+            .map(|group| {
                 let (store, shapes) = (Arc::clone(&store), Arc::clone(&shapes));
                 async move {
-                    let body =
-                        listing::get(store.as_ref(), &ObjectPath::from(key.as_str())).await?;
-                    Task::spawn(async move { parse_object(&shapes, &key, &body) })
-                        .join("the archive reader")
-                        .await?
+                    let bodies: Vec<(String, bytes::Bytes)> = futures::stream::iter(group)
+                        .map(|key| {
+                            let store = Arc::clone(&store);
+                            async move {
+                                let path = ObjectPath::from(key.as_str());
+                                let body = listing::get(store.as_ref(), &path).await?;
+                                Ok::<_, Error>((key, body))
+                            }
+                        })
+                        .buffered(FETCHES)
+                        .try_collect()
+                        .await?;
+                    Task::spawn(async move {
+                        bodies
+                            .iter()
+                            .map(|(key, body)| parse_object(&shapes, key, body))
+                            .collect::<Result<Vec<_>>>()
+                    })
+                    .join("the archive reader")
+                    .await?
                 }
             })
             .buffered(PARSERS);
-        while let Some(lines) = parsed.next().await {
-            let failed = lines.is_err();
-            if tx.send(lines).await.is_err() || failed {
-                return;
+        while let Some(group) = parsed.next().await {
+            let objects = match group {
+                Ok(objects) => objects,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            for lines in objects {
+                if tx.send(Ok(lines)).await.is_err() {
+                    return;
+                }
             }
         }
     });
@@ -806,6 +857,41 @@ fn human_bytes(n: u64) -> String {
 mod tests {
     use super::typing::{Column, Kind, RecordColumn, SchemaRecord};
     use super::*;
+
+    /// Small objects are fetched and parsed together, in plan order, up to
+    /// a mebibyte a group; an object larger than that is a group alone.
+    #[test]
+    fn small_objects_are_grouped_in_order_and_a_large_one_stands_alone() {
+        let object = |key: &str, size: u64| manifest::PlannedObject {
+            key: key.into(),
+            size,
+            from_seq: 0,
+        };
+        let file = |objects| manifest::PlannedFile {
+            date: "2026-11-30".into(),
+            first_seq: 1,
+            last_seq: 1,
+            objects,
+        };
+        let half = GROUP_BYTES / 2;
+        let plan = Plan {
+            generation: 1,
+            from_seq: 1,
+            to_seq: 1,
+            tables: Vec::new(),
+            // A group goes on across history files: only bytes cut it.
+            files: vec![
+                file(vec![object("a", half), object("b", half)]),
+                file(vec![object("c", 1), object("d", 3 * GROUP_BYTES)]),
+                file(vec![object("e", 1), object("f", 1)]),
+            ],
+            repeated: Vec::new(),
+        };
+        assert_eq!(
+            object_groups(&plan),
+            [vec!["a", "b"], vec!["c"], vec!["d"], vec!["e", "f"]]
+        );
+    }
 
     #[test]
     fn one_run_at_a_time_holds_a_folder_and_lets_go_when_it_ends() {
