@@ -499,19 +499,7 @@ impl HistoryFile {
         if self.rows.is_empty() {
             return Ok(());
         }
-        if let Some((output, key, props)) = self.unopened.take() {
-            let rows = self
-                .rows
-                .iter()
-                .map(|r| (r.cells.as_slice(), r.lsn.as_str()));
-            let props = dictionaries_for(props, &self.shape, rows);
-            self.file = Some(ParquetFile::create(
-                &output,
-                key,
-                Arc::clone(&self.schema),
-                props,
-            )?);
-        }
+        self.open()?;
         let (mut file, spare) = self.settle().await?;
         let rows = std::mem::replace(&mut self.rows, spare);
         let (shape, schema) = (Arc::clone(&self.shape), Arc::clone(&self.schema));
@@ -527,17 +515,24 @@ impl HistoryFile {
         Ok(())
     }
 
+    /// Opens the file, if not yet, with the dictionaries the buffered rows
+    /// choose (none buffered: an empty file, Parquet's defaults).
+    fn open(&mut self) -> Result<()> {
+        if let Some((output, key, props)) = self.unopened.take() {
+            let rows = self
+                .rows
+                .iter()
+                .map(|r| (r.cells.as_slice(), r.lsn.as_str()));
+            let props = dictionaries_for(props, &self.shape, rows);
+            let schema = Arc::clone(&self.schema);
+            self.file = Some(ParquetFile::create(&output, key, schema, props)?);
+        }
+        Ok(())
+    }
+
     /// Waits for the encoding task, if any: the file and an empty buffer.
     async fn settle(&mut self) -> Result<(ParquetFile, Rows)> {
-        if let Some((output, key, props)) = self.unopened.take() {
-            // No change came: an empty file.
-            self.file = Some(ParquetFile::create(
-                &output,
-                key,
-                Arc::clone(&self.schema),
-                props,
-            )?);
-        }
+        self.open()?;
         match (self.encoding.take(), self.file.take()) {
             (Some(task), _) => task.join("the history encoder").await?,
             (None, Some(file)) => Ok((file, Vec::with_capacity(BATCH_ROWS))),
