@@ -13,9 +13,10 @@ use std::borrow::Borrow;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use bytes::{Bytes, BytesMut};
+use datafusion::common::hash_utils::create_hashes_with_hasher;
 use futures::future::BoxFuture;
 use object_store::buffered::BufWriter;
 use object_store::multipart::{MultipartStore, PartId};
@@ -29,7 +30,7 @@ use parquet::schema::types::ColumnPath;
 
 use super::Task;
 use super::read::TypedChange;
-use super::typing::{Cell, TableShape, build_array};
+use super::typing::{TableShape, build_array};
 use crate::config::{CompactConfig, Compression};
 use crate::sink::layout::key_segment;
 use crate::{Error, Result};
@@ -446,7 +447,7 @@ pub fn parquet_error(key: &str, e: parquet::errors::ParquetError) -> Error {
 type Rows = Vec<Arc<TypedChange>>;
 
 /// One table's history file of a planned group, created at its first
-/// change and opened at its first buffer (whose values choose the
+/// change and opened with its first buffer (whose values choose the
 /// dictionaries, see [`dictionaries_for`]).
 ///
 /// A full buffer of rows is converted and encoded (Parquet, zstd: a fifth
@@ -456,15 +457,45 @@ type Rows = Vec<Arc<TypedChange>>;
 pub struct HistoryFile {
     pub shape: Arc<TableShape>,
     schema: SchemaRef,
-    /// Where and how the file is written, until its first buffer opens it
-    /// (see [`dictionaries_for`]).
-    unopened: Option<(Output, String, WriterProperties)>,
     /// The file, unless the encoding task has it.
-    file: Option<ParquetFile>,
+    target: Option<Target>,
     /// Shared with the spool, which holds the same changes.
     rows: Rows,
     /// The buffer being encoded; gives back the file and the emptied buffer.
-    encoding: Option<Task<Result<(ParquetFile, Rows)>>>,
+    encoding: Option<Task<Result<(Target, Rows)>>>,
+}
+
+/// A history file, before or after its first buffer opens it. One per
+/// file, moved once per buffer of 8,192 rows: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Target {
+    Unopened(Output, String, WriterProperties),
+    Open(ParquetFile),
+}
+
+impl Target {
+    /// The file, opened if not yet with the dictionaries the first
+    /// buffer's `columns` (as [`history_columns`] lays them out) choose;
+    /// without a buffer (no change came), Parquet's defaults.
+    fn open(
+        self,
+        shape: &TableShape,
+        schema: &SchemaRef,
+        columns: Option<&[ArrayRef]>,
+    ) -> Result<ParquetFile> {
+        match self {
+            Target::Open(file) => Ok(file),
+            Target::Unopened(output, key, props) => {
+                let n = shape.columns.len();
+                let props = match columns {
+                    // Data columns, then `_op`, `_seq`, `_lsn`.
+                    Some(c) => dictionaries_for(props, shape, &c[..n], c[n + 2].as_ref()),
+                    None => props,
+                };
+                ParquetFile::create(&output, key, Arc::clone(schema), props)
+            }
+        }
+    }
 }
 
 impl HistoryFile {
@@ -476,8 +507,7 @@ impl HistoryFile {
     ) -> Result<HistoryFile> {
         let schema = history_schema(&shape);
         Ok(HistoryFile {
-            unopened: Some((output.clone(), key, props)),
-            file: None,
+            target: Some(Target::Unopened(output.clone(), key, props)),
             shape,
             schema,
             rows: Vec::with_capacity(BATCH_ROWS),
@@ -499,43 +529,27 @@ impl HistoryFile {
         if self.rows.is_empty() {
             return Ok(());
         }
-        self.open()?;
-        let (mut file, spare) = self.settle().await?;
+        let (target, spare) = self.settle().await?;
         let rows = std::mem::replace(&mut self.rows, spare);
         let (shape, schema) = (Arc::clone(&self.shape), Arc::clone(&self.schema));
         self.encoding = Some(Task::spawn(async move {
             let columns = history_columns(&shape, &rows);
+            let mut file = target.open(&shape, &schema, Some(&columns))?;
             let batch = RecordBatch::try_new(schema, columns)
                 .map_err(|e| Error::bug(format!("cannot build a batch of {}: {e}", file.key)))?;
             file.write(&batch).await?;
             let mut rows = rows;
             rows.clear();
-            Ok((file, rows))
+            Ok((Target::Open(file), rows))
         }));
         Ok(())
     }
 
-    /// Opens the file, if not yet, with the dictionaries the buffered rows
-    /// choose (none buffered: an empty file, Parquet's defaults).
-    fn open(&mut self) -> Result<()> {
-        if let Some((output, key, props)) = self.unopened.take() {
-            let rows = self
-                .rows
-                .iter()
-                .map(|r| (r.cells.as_slice(), r.lsn.as_str()));
-            let props = dictionaries_for(props, &self.shape, rows);
-            let schema = Arc::clone(&self.schema);
-            self.file = Some(ParquetFile::create(&output, key, schema, props)?);
-        }
-        Ok(())
-    }
-
     /// Waits for the encoding task, if any: the file and an empty buffer.
-    async fn settle(&mut self) -> Result<(ParquetFile, Rows)> {
-        self.open()?;
-        match (self.encoding.take(), self.file.take()) {
+    async fn settle(&mut self) -> Result<(Target, Rows)> {
+        match (self.encoding.take(), self.target.take()) {
             (Some(task), _) => task.join("the history encoder").await?,
-            (None, Some(file)) => Ok((file, Vec::with_capacity(BATCH_ROWS))),
+            (None, Some(target)) => Ok((target, Vec::with_capacity(BATCH_ROWS))),
             (None, None) => Err(Error::bug(format!(
                 "the history file of {} was used after it failed",
                 self.shape.table
@@ -546,7 +560,8 @@ impl HistoryFile {
     /// Writes what is buffered and completes the file: (key, rows, bytes).
     pub async fn finish(mut self) -> Result<(String, u64, u64)> {
         self.flush().await?;
-        let (file, _) = self.settle().await?;
+        let (target, _) = self.settle().await?;
+        let file = target.open(&self.shape, &self.schema, None)?;
         let key = file.key.clone();
         let rows = file.rows;
         let bytes = file.finish().await?;
@@ -557,8 +572,9 @@ impl HistoryFile {
 const DICTIONARY_SAMPLE: usize = 1000;
 
 /// `props` with Parquet's dictionary turned off for the data columns (and
-/// `_lsn`) whose values nearly never repeat in the file's first buffer
-/// (`rows`: each row's cells and LSN): 90% or more distinct.
+/// `_lsn`) whose values nearly never repeat in a file's first batch
+/// (`columns`: the data columns, as the shape lays them out; `lsns`): 90%
+/// or more distinct.
 ///
 /// Why: a row group holds 131,072 rows by default, so the dictionary of a
 /// column of unique 8-byte values reaches Parquet's 1 MiB limit only at
@@ -567,42 +583,39 @@ const DICTIONARY_SAMPLE: usize = 1000;
 /// notes and timestamps that rarely repeat) for a dictionary that is
 /// larger than the values it encodes. Columns with repeats (a status, an
 /// account number, a transaction's shared LSN) keep it.
-pub fn dictionaries_for<'r>(
+pub fn dictionaries_for(
     props: WriterProperties,
     shape: &TableShape,
-    rows: impl ExactSizeIterator<Item = (&'r [Cell], &'r str)> + Clone,
+    columns: &[ArrayRef],
+    lsns: &dyn Array,
 ) -> WriterProperties {
-    use std::hash::BuildHasher;
-    if rows.len() < DICTIONARY_SAMPLE {
+    if lsns.len() < DICTIONARY_SAMPLE {
         return props;
     }
     let hasher = foldhash::fast::FixedState::default();
-    let len = rows.len();
-    let rarely_repeats = |values: &mut dyn Iterator<Item = u64>| {
-        let mut seen = std::collections::HashSet::with_capacity(len);
+    let mut hashes = vec![0u64; lsns.len()];
+    let mut rarely_repeats = |values: &dyn Array| {
+        hashes.fill(0);
+        if create_hashes_with_hasher([values], &hasher, &mut hashes).is_err() {
+            return false; // a type it cannot hash: Parquet's default
+        }
+        let valid = (0..values.len()).filter(|&i| values.is_valid(i));
+        let mut seen = std::collections::HashSet::with_capacity(values.len());
         let mut n = 0usize;
-        for v in values {
+        for i in valid {
             n += 1;
-            seen.insert(v);
+            seen.insert(hashes[i]);
         }
         n >= DICTIONARY_SAMPLE && seen.len() * 10 >= n * 9
     };
     let mut builder = props.into_builder();
-    for (i, column) in shape.columns.iter().enumerate() {
-        let mut values = rows.clone().filter_map(|(cells, _)| match &cells[i] {
-            Cell::Absent | Cell::Null => None,
-            Cell::Int(v) => Some(hasher.hash_one(v)),
-            Cell::Float(v) => Some(hasher.hash_one(v.to_bits())),
-            Cell::Bool(v) => Some(hasher.hash_one(v)),
-            Cell::Dec(v) => Some(hasher.hash_one(v)),
-            Cell::Str(v) => Some(hasher.hash_one(v.as_str())),
-        });
-        if rarely_repeats(&mut values) {
+    for (column, values) in shape.columns.iter().zip(columns) {
+        if rarely_repeats(values.as_ref()) {
             builder = builder
                 .set_column_dictionary_enabled(ColumnPath::from(column.name.as_str()), false);
         }
     }
-    if rarely_repeats(&mut rows.map(|(_, lsn)| hasher.hash_one(lsn))) {
+    if rarely_repeats(lsns) {
         builder = builder.set_column_dictionary_enabled(ColumnPath::from("_lsn"), false);
     }
     builder.build()
@@ -702,10 +715,25 @@ mod tests {
         assert!(dictionary("_lsn"));
         assert!(dictionary("_op"));
         // Under a thousand rows nothing is judged: parquet's defaults.
-        let few: Vec<Arc<TypedChange>> = Vec::new();
+        let few: Vec<Arc<TypedChange>> = (1..=999)
+            .map(|seq| {
+                Arc::new(TypedChange {
+                    op_name: "insert",
+                    op: ChangeOp::Upsert,
+                    seq,
+                    lsn: format!("0/{seq:X}").into(),
+                    key: None,
+                    old_key: None,
+                    cells: vec![Cell::Int(seq as i64), Cell::Null],
+                    old: None,
+                    unchanged: None,
+                })
+            })
+            .collect();
+        let shape = TableShape::test_t();
         let props = writer_properties(&crate::config::CompactConfig::default());
-        let rows = few.iter().map(|r| (r.cells.as_slice(), r.lsn.as_str()));
-        let judged = dictionaries_for(props, &TableShape::test_t(), rows);
+        let columns = history_columns(&shape, &few);
+        let judged = dictionaries_for(props, &shape, &columns[..2], columns[4].as_ref());
         assert!(judged.dictionary_enabled(&ColumnPath::from("id")));
     }
 

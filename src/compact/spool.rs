@@ -59,7 +59,7 @@ use arrow::ipc::reader::FileReader;
 use arrow::ipc::writer::FileWriter;
 
 use super::read::{ChangeOp, TypedChange};
-use super::typing::{Cell, TableShape, build_array, read_cells};
+use super::typing::{Cell, TableShape, build_array};
 use crate::{Error, Result};
 
 /// Partitions of a table's spool. A power of two; buckets beyond it read
@@ -518,31 +518,170 @@ impl Spool {
         self.tables.get(table).map_or(&[], |t| t.files.as_slice())
     }
 
-    /// The steps of one round's `file` that belong to bucket `bucket` of
-    /// `buckets`, in seq order.
+    /// The rows of one round's `file` that belong to bucket `bucket` of
+    /// `buckets`: a batch per partition of the bucket that has any, each
+    /// in the order its rows were buffered (seq order, except that a
+    /// round's combined rows come in no order: sort by seq to replay).
     pub fn read_round(
         &self,
         table: &str,
         file: &Path,
         bucket: u32,
         buckets: u32,
-    ) -> Result<Vec<Step>> {
-        let t = self
-            .tables
-            .get(table)
-            .ok_or_else(|| spool_error(format!("no spool for {table}")))?;
-        let mut steps = Vec::new();
+    ) -> Result<Vec<Spooled>> {
+        if !self.tables.contains_key(table) {
+            return Err(spool_error(format!("no spool for {table}")));
+        }
         let m = buckets.min(PARTITIONS);
         let partitions = (0..PARTITIONS).filter(|p| p & (m - 1) == bucket & (m - 1));
-        read_steps(&t.shape, file, partitions, &mut steps)?;
-        if buckets > PARTITIONS {
-            steps.retain(|s| s.key().is_none_or(|k| bucket_of(k, buckets) == bucket));
+        let mut out = Vec::new();
+        for batch in read_partitions(file, partitions)? {
+            let batch = if buckets > PARTITIONS {
+                let keys = batch
+                    .column(KEY)
+                    .as_any()
+                    .downcast_ref::<StringArray>()
+                    .ok_or_else(|| spool_error("bad column type"))?;
+                let mine: arrow::array::BooleanArray = keys
+                    .iter()
+                    .map(|k| Some(k.is_none_or(|k| bucket_of(k, buckets) == bucket)))
+                    .collect();
+                arrow::compute::filter_record_batch(&batch, &mine).map_err(spool_error)?
+            } else {
+                batch
+            };
+            if batch.num_rows() > 0 {
+                out.push(Spooled::new(batch)?);
+            }
         }
-        // Stable: a truncate written to several partitions of the bucket
-        // stays where it was, and applying it twice is the same.
-        steps.sort_by_key(Step::seq);
-        Ok(steps)
+        Ok(out)
     }
+}
+
+/// The columns of a spool batch (see [`spool_schema`]): the data columns
+/// follow these.
+const ROLE: usize = 0;
+const OP: usize = 1;
+const SEQ: usize = 2;
+const LSN: usize = 3;
+const KEY: usize = 4;
+const OLD_KEY: usize = 5;
+const ABSENT: usize = 6;
+const DATA: usize = 7;
+
+/// What a spooled row does (see [`Step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A change: its key is [`Spooled::key`], the key it had before
+    /// [`Spooled::old_key`].
+    Change(ChangeOp),
+    /// The row under [`Spooled::key`] moved to [`Spooled::old_key`];
+    /// `carry`: its values are needed there.
+    MoveOut { carry: bool },
+}
+
+/// One partition's spooled rows of a round, read back: the merge takes
+/// their values straight from these columns (no value per row is built).
+pub struct Spooled {
+    batch: RecordBatch,
+    roles: UInt8Array,
+    ops: UInt8Array,
+    seqs: Int64Array,
+    keys: StringArray,
+    old_keys: StringArray,
+    absent: BinaryArray,
+}
+
+impl Spooled {
+    fn new(batch: RecordBatch) -> Result<Spooled> {
+        fn column<A: Array + Clone + 'static>(batch: &RecordBatch, i: usize) -> Result<A> {
+            batch
+                .column(i)
+                .as_any()
+                .downcast_ref::<A>()
+                .cloned()
+                .ok_or_else(|| spool_error("bad column type"))
+        }
+        Ok(Spooled {
+            roles: column(&batch, ROLE)?,
+            ops: column(&batch, OP)?,
+            seqs: column(&batch, SEQ)?,
+            keys: column(&batch, KEY)?,
+            old_keys: column(&batch, OLD_KEY)?,
+            absent: column(&batch, ABSENT)?,
+            batch,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.batch.num_rows()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn seq(&self, i: usize) -> u64 {
+        self.seqs.value(i) as u64
+    }
+
+    pub fn role(&self, i: usize) -> Role {
+        if self.roles.value(i) == ROLE_MOVE_OUT {
+            return Role::MoveOut {
+                carry: !self.absent.is_null(i),
+            };
+        }
+        Role::Change(match self.ops.value(i) {
+            0 => ChangeOp::Upsert,
+            1 => ChangeOp::Delete,
+            _ => ChangeOp::Truncate,
+        })
+    }
+
+    pub fn key(&self, i: usize) -> Option<&str> {
+        (!self.keys.is_null(i)).then(|| self.keys.value(i))
+    }
+
+    pub fn old_key(&self, i: usize) -> Option<&str> {
+        (!self.old_keys.is_null(i)).then(|| self.old_keys.value(i))
+    }
+
+    /// Of a change, the columns it left out (bit `j` of byte `j / 8` for
+    /// column `j`), when it left any out.
+    pub fn absent(&self, i: usize) -> Option<&[u8]> {
+        (!self.absent.is_null(i)).then(|| self.absent.value(i))
+    }
+
+    /// Each row's seq, as the latest view's `_seq` column takes it.
+    pub fn seqs(&self) -> &Int64Array {
+        &self.seqs
+    }
+
+    /// Each row's LSN.
+    pub fn lsns(&self) -> &ArrayRef {
+        self.batch.column(LSN)
+    }
+
+    /// The data columns, as the shape's kinds (null where a change left a
+    /// column out, and in the rows of a delete or truncate).
+    pub fn data(&self) -> &[ArrayRef] {
+        &self.batch.columns()[DATA..]
+    }
+}
+
+/// The columns `cells` leaves out (unchanged TOAST) as a bitmap, bit `j`
+/// of byte `j / 8` for column `j`; `None` when it leaves none out.
+pub fn absent_bits(cells: &[Cell]) -> Option<Vec<u8>> {
+    if !cells.contains(&Cell::Absent) {
+        return None;
+    }
+    let mut bits = vec![0u8; cells.len().div_ceil(8)];
+    for (i, cell) in cells.iter().enumerate() {
+        if *cell == Cell::Absent {
+            bits[i / 8] |= 1 << (i % 8);
+        }
+    }
+    Some(bits)
 }
 
 /// Writes one round of a table: batch `p` of the file holds partition `p`.
@@ -613,19 +752,7 @@ fn steps_batch(shape: &TableShape, schema: &SchemaRef, steps: &[Step]) -> Result
             steps
                 .iter()
                 .map(|s| match s {
-                    Step::Change(c) => {
-                        if c.cells.contains(&Cell::Absent) {
-                            let mut bits = vec![0u8; c.cells.len().div_ceil(8)];
-                            for (i, cell) in c.cells.iter().enumerate() {
-                                if *cell == Cell::Absent {
-                                    bits[i / 8] |= 1 << (i % 8);
-                                }
-                            }
-                            Some(bits)
-                        } else {
-                            None
-                        }
-                    }
+                    Step::Change(c) => absent_bits(&c.cells),
                     Step::MoveOut { carry, .. } => carry.then(Vec::new),
                 })
                 .collect::<BinaryArray>(),
@@ -642,13 +769,8 @@ fn steps_batch(shape: &TableShape, schema: &SchemaRef, steps: &[Step]) -> Result
     RecordBatch::try_new(Arc::clone(schema), columns).map_err(spool_error)
 }
 
-/// Appends the steps of the round file `path`'s `partitions` to `out`.
-fn read_steps(
-    shape: &TableShape,
-    path: &Path,
-    partitions: impl Iterator<Item = u32>,
-    out: &mut Vec<Step>,
-) -> Result<()> {
+/// The batches of the round file `path`'s `partitions`.
+fn read_partitions(path: &Path, partitions: impl Iterator<Item = u32>) -> Result<Vec<RecordBatch>> {
     let file =
         File::open(path).map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
     let mut reader = FileReader::try_new(BufReader::new(file), None).map_err(spool_error)?;
@@ -659,97 +781,89 @@ fn read_steps(
             reader.num_batches()
         )));
     }
+    let mut out = Vec::new();
     for p in partitions {
         reader.set_index(p as usize).map_err(spool_error)?;
         let batch = reader
             .next()
             .ok_or_else(|| spool_error(format!("{} ends early", path.display())))?
             .map_err(spool_error)?;
-        let n = batch.num_rows();
-        let col = |i: usize| batch.column(i);
-        let down = |i: usize| -> Result<&UInt8Array> {
-            col(i)
-                .as_any()
-                .downcast_ref::<UInt8Array>()
-                .ok_or_else(|| spool_error("bad column type"))
-        };
-        let text = |i: usize| -> Result<&StringArray> {
-            col(i)
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .ok_or_else(|| spool_error("bad column type"))
-        };
-        let (roles, ops) = (down(0)?, down(1)?);
-        let seqs = col(2)
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .ok_or_else(|| spool_error("bad column type"))?;
-        let (lsns, keys, old_keys) = (text(3)?, text(4)?, text(5)?);
-        let absent = col(6)
-            .as_any()
-            .downcast_ref::<BinaryArray>()
-            .ok_or_else(|| spool_error("bad column type"))?;
-        let opt = |a: &StringArray, i: usize| (!a.is_null(i)).then(|| a.value(i).into());
-        let mut cells: Vec<std::vec::IntoIter<Cell>> = shape
-            .columns
-            .iter()
-            .enumerate()
-            .map(|(i, c)| read_cells(c.kind, col(7 + i)).map(Vec::into_iter))
-            .collect::<std::result::Result<_, String>>()
-            .map_err(spool_error)?;
-        for i in 0..n {
-            let row: Vec<Cell> = cells
-                .iter_mut()
-                .map(|it| it.next().expect("one cell per row"))
-                .collect();
-            let seq = seqs.value(i) as u64;
-            if roles.value(i) == ROLE_MOVE_OUT {
-                out.push(Step::MoveOut {
-                    seq,
-                    from: keys.value(i).to_string(),
-                    to: old_keys.value(i).to_string(),
-                    carry: !absent.is_null(i),
-                });
-                continue;
-            }
-            let mut row = row;
-            if !absent.is_null(i) {
-                let bits = absent.value(i);
-                for (j, cell) in row.iter_mut().enumerate() {
-                    if bits.get(j / 8).is_some_and(|b| b & (1 << (j % 8)) != 0) {
-                        *cell = Cell::Absent;
-                    }
-                }
-            }
-            let op = match ops.value(i) {
-                0 => ChangeOp::Upsert,
-                1 => ChangeOp::Delete,
-                _ => ChangeOp::Truncate,
-            };
-            out.push(Step::Change(Arc::new(TypedChange {
-                op_name: "",
-                op,
-                seq,
-                lsn: lsns.value(i).into(),
-                key: opt(keys, i),
-                old_key: opt(old_keys, i),
-                cells: row,
-                old: None,
-                unchanged: None,
-            })));
-        }
+        out.push(batch);
     }
-    Ok(())
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::latest::{LatestView, MergeInput, merge_bucket};
     use super::super::session;
+    use super::super::typing::read_cells;
     use super::*;
 
     fn shape() -> Arc<TableShape> {
         Arc::new(TableShape::test_t())
+    }
+
+    /// The steps of a round's bucket as they were spooled, in seq order.
+    fn read_steps(spool: &Spool, table: &str, file: &Path, bucket: u32, buckets: u32) -> Vec<Step> {
+        let shape = &spool.tables[table].shape;
+        let mut out = Vec::new();
+        for rows in spool.read_round(table, file, bucket, buckets).unwrap() {
+            let columns: Vec<Vec<Cell>> = shape
+                .columns
+                .iter()
+                .zip(rows.data())
+                .map(|(c, a)| read_cells(c.kind, a).unwrap())
+                .collect();
+            for i in 0..rows.len() {
+                let (seq, key) = (rows.seq(i), rows.key(i).map(str::to_string));
+                let op = match rows.role(i) {
+                    Role::MoveOut { carry } => {
+                        out.push(Step::MoveOut {
+                            seq,
+                            from: key.unwrap(),
+                            to: rows.old_key(i).unwrap().to_string(),
+                            carry,
+                        });
+                        continue;
+                    }
+                    Role::Change(op) => op,
+                };
+                let absent = |j: usize| {
+                    rows.absent(i).is_some_and(|bits| {
+                        bits.get(j / 8).is_some_and(|b| b & (1 << (j % 8)) != 0)
+                    })
+                };
+                let cells = (0..columns.len())
+                    .map(|j| {
+                        if absent(j) {
+                            Cell::Absent
+                        } else {
+                            columns[j][i].clone()
+                        }
+                    })
+                    .collect();
+                out.push(Step::Change(Arc::new(TypedChange {
+                    op_name: "",
+                    op,
+                    seq,
+                    lsn: rows
+                        .lsns()
+                        .as_any()
+                        .downcast_ref::<StringArray>()
+                        .unwrap()
+                        .value(i)
+                        .into(),
+                    key: key.map(Into::into),
+                    old_key: rows.old_key(i).map(Into::into),
+                    cells,
+                    old: None,
+                    unchanged: None,
+                })));
+            }
+        }
+        out.sort_by_key(Step::seq);
+        out
     }
 
     fn change(op: ChangeOp, seq: u64, id: i64, doc: Cell, old: Option<i64>) -> Arc<TypedChange> {
@@ -884,7 +998,7 @@ mod tests {
                 let mut seqs = Vec::new();
                 for b in 0..buckets {
                     for file in spool.rounds(table) {
-                        for step in spool.read_round(table, file, b, buckets).unwrap() {
+                        for step in read_steps(&spool, table, file, b, buckets) {
                             let key = step.key().unwrap();
                             assert_eq!(bucket_of(key, buckets), b, "{table}");
                             seqs.push(step.seq());
@@ -920,7 +1034,7 @@ mod tests {
             let rows: usize = spool
                 .rounds("public.t")
                 .iter()
-                .map(|file| spool.read_round("public.t", file, 0, 1).unwrap().len())
+                .map(|file| read_steps(&spool, "public.t", file, 0, 1).len())
                 .sum();
             // Combined: one row per key and round; then one per change.
             let expected = if combining {
@@ -982,7 +1096,7 @@ mod tests {
                 let mut last = 0;
                 let mut truncated_here = false;
                 for file in spool.rounds("public.t") {
-                    for step in spool.read_round("public.t", file, b, buckets).unwrap() {
+                    for step in read_steps(&spool, "public.t", file, b, buckets) {
                         assert!(step.seq() >= last, "seq order");
                         last = step.seq();
                         match step {
