@@ -15,6 +15,10 @@
 //! * `compact_history/encode`: `history::history_columns` of 8,192 typed
 //!   changes into Arrow arrays plus their encoding as one zstd Parquet row
 //!   group (the writer properties compact uses), into memory.
+//! * `compact_merge/spooled_rows`: `latest::merge_bucket` of 65,536 spooled
+//!   changes (the bench lines, each under a key of its own) into a latest
+//!   view of one bucket: the spool's read-back and one hash lookup per
+//!   change (the view points into the spooled batches).
 //!
 //! Run with `cargo bench --bench compact` (append e.g.
 //! `-- --warm-up-time 1 --measurement-time 3` for a quicker run).
@@ -26,7 +30,9 @@ use arrow::array::RecordBatch;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use parquet::arrow::ArrowWriter;
 use waltail::compact::history::{history_columns, history_schema, writer_properties};
+use waltail::compact::latest::{MergeInput, merge_bucket};
 use waltail::compact::read::{Shapes, TypedChange, type_line};
+use waltail::compact::spool::Spool;
 use waltail::compact::typing::{RecordColumn, SchemaRecord, TableShape};
 use waltail::config::CompactConfig;
 
@@ -160,5 +166,46 @@ fn bench_history(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_parse, bench_history);
+/// Changes spooled for the merge benchmark.
+const SPOOLED: usize = 65_536;
+
+fn bench_merge(c: &mut Criterion) {
+    let shape = shape();
+    let shapes = Shapes::new([Arc::clone(&shape)]);
+    let changes = typed(&shapes, &lines());
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    let mut spool = Spool::new(1 << 30).expect("a spool");
+    for n in 0..SPOOLED {
+        let mut change = changes[n % LINES].clone();
+        change.seq = n as u64 + 1;
+        change.key = Some(format!(r#"{{"id":{n}}}"#).into());
+        change.old_key = None;
+        rt.block_on(spool.push(&shape, &Arc::new(change)))
+            .expect("spooled");
+    }
+    rt.block_on(spool.finish()).expect("written");
+    let input = MergeInput {
+        ctx: waltail::compact::session::session(Arc::new(object_store::memory::InMemory::new())),
+        shape: Arc::clone(&shape),
+        previous: Vec::new(),
+        previous_buckets: 1,
+        spool: Arc::new(spool),
+        buckets: 1,
+        moved: Default::default(),
+    };
+    let deletes = changes.iter().filter(|c| c.op_name == "delete").count();
+    let mut g = c.benchmark_group("compact_merge");
+    g.throughput(Throughput::Elements(SPOOLED as u64));
+    g.bench_function("spooled_rows", |b| {
+        b.iter(|| {
+            let view = rt.block_on(merge_bucket(&input, 0, None)).expect("merged");
+            // Every key has one change: the deletes leave no row.
+            assert_eq!(view.len(), SPOOLED - deletes * (SPOOLED / LINES));
+            black_box(view.len())
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_parse, bench_history, bench_merge);
 criterion_main!(benches);
