@@ -105,12 +105,14 @@ fn left_out(bits: &[u8], j: usize) -> bool {
     bits.get(j / 8).is_some_and(|b| b & (1 << (j % 8)) != 0)
 }
 
-/// A view's rows once the sources hold this many more rows than the view
-/// (superseded versions) and at least [`SQUEEZE_ROWS`]: its values are then
-/// copied into one source and the others let go of, so a bucket's memory
-/// follows its rows, not its changes.
+/// A view's rows once the sources hold this many times the view's rows
+/// (superseded versions) and at least [`SQUEEZE_ROWS`], checked after each
+/// spool round and after loading: its values are then copied into new
+/// sources and the old ones let go of, so a bucket's memory follows its
+/// rows, not its changes.
 const SQUEEZE_RATIO: usize = 2;
-const SQUEEZE_ROWS: usize = 1 << 16;
+/// A few rows in unit tests, so that merges of a few changes squeeze too.
+const SQUEEZE_ROWS: usize = if cfg!(test) { 8 } else { 1 << 16 };
 
 /// A table's latest rows, being merged.
 pub struct LatestView {
@@ -218,7 +220,6 @@ impl LatestView {
     /// Adds the rows of a batch of a previous generation that are in
     /// bucket `bucket` of `buckets`.
     fn absorb(&mut self, batch: &RecordBatch, bucket: u32, buckets: u32) -> Result<()> {
-        let n = batch.num_rows();
         let bad = |what: String| {
             Error::fatal(
                 format!(
@@ -232,6 +233,32 @@ impl LatestView {
             arrow::compute::cast(array, to)
                 .map_err(|e| bad(format!("cannot read {} as {to}: {e}", array.data_type())))
         };
+        let column = |batch: &RecordBatch, name: &str, to: &DataType| -> Result<ArrayRef> {
+            let a = batch
+                .column_by_name(name)
+                .ok_or_else(|| bad(format!("no {name} column")))?;
+            cast(a, to)
+        };
+        // Only this bucket's rows are kept: a file of a previous generation
+        // with fewer buckets holds the rows of several.
+        let filtered;
+        let batch = if buckets > 1 {
+            let keys = column(batch, "_key", &DataType::Utf8)?;
+            let mine: arrow::array::BooleanArray = keys
+                .as_string::<i32>()
+                .iter()
+                .map(|k| Some(k.is_some_and(|k| bucket_of(k, buckets) == bucket)))
+                .collect();
+            filtered = arrow::compute::filter_record_batch(batch, &mine)
+                .map_err(|e| bad(e.to_string()))?;
+            &filtered
+        } else {
+            batch
+        };
+        let n = batch.num_rows();
+        if n == 0 {
+            return Ok(());
+        }
         let mut columns = Vec::with_capacity(self.shape.columns.len());
         for c in &self.shape.columns {
             columns.push(match batch.column_by_name(&c.name) {
@@ -240,27 +267,21 @@ impl LatestView {
                 None => arrow::array::new_null_array(&c.kind.data_type(), n),
             });
         }
-        let column = |name: &str, to: &DataType| -> Result<ArrayRef> {
-            let a = batch
-                .column_by_name(name)
-                .ok_or_else(|| bad(format!("no {name} column")))?;
-            cast(a, to)
-        };
-        let keys = column("_key", &DataType::Utf8)?;
+        let keys = column(batch, "_key", &DataType::Utf8)?;
         let keys = keys.as_string::<i32>();
-        let seqs = column("_seq", &DataType::Int64)?
+        let seqs = column(batch, "_seq", &DataType::Int64)?
             .as_primitive::<arrow::datatypes::Int64Type>()
             .clone();
-        let lsns = column("_lsn", &DataType::Utf8)?;
+        let lsns = column(batch, "_lsn", &DataType::Utf8)?;
+        if keys.null_count() > 0 {
+            return Err(bad("a row without _key".into()));
+        }
         let src = self.add(Source {
             columns,
             seqs,
             lsns,
         });
         for i in 0..n {
-            if buckets > 1 && bucket_of(keys.value(i), buckets) != bucket {
-                continue;
-            }
             let row = Row {
                 at: Loc { src, row: i as u32 },
                 columns: None,
@@ -385,20 +406,27 @@ impl LatestView {
         self.rows.is_empty()
     }
 
-    /// Copies the rows' values into one source and lets go of the others
+    /// Copies the rows' values into new sources and lets go of the old ones
     /// when they hold mostly superseded versions (see [`SQUEEZE_RATIO`]).
     fn squeeze(&mut self) -> Result<()> {
         if self.source_rows < SQUEEZE_ROWS.max(SQUEEZE_RATIO * self.rows.len()) {
             return Ok(());
         }
-        let locs: Vec<&Row> = self.rows.values().collect();
-        let source = self.gather(&locs)?;
+        let rows: Vec<&Row> = self.rows.values().collect();
         let mut view = LatestView::empty(Arc::clone(&self.shape));
-        let src = view.add(source);
+        // In batches of the size written: a gathered text column of one
+        // batch stays far from Arrow's 2 GiB per array.
+        let mut first = Vec::new();
+        for chunk in rows.chunks(BATCH_ROWS) {
+            first.push(view.add(self.gather(chunk)?));
+        }
         view.rows = std::mem::take(&mut self.rows);
         for (i, row) in view.rows.values_mut().enumerate() {
             *row = Row {
-                at: Loc { src, row: i as u32 },
+                at: Loc {
+                    src: first[i / BATCH_ROWS],
+                    row: (i % BATCH_ROWS) as u32,
+                },
                 columns: None,
             };
         }
@@ -420,7 +448,7 @@ impl LatestView {
             arrow::compute::interleave(&values, &indices).map_err(|e| {
                 Error::fatal(
                     format!("cannot gather the latest view of {}: {e}", self.shape.table),
-                    "a bucket's text values exceed what one Arrow array holds (2 GiB): set a smaller compact.merge_bytes and run `waltail compact` again",
+                    "the text of one column in 8,192 rows of the view exceeds what one Arrow array holds (2 GiB); such rows cannot be compacted: report it with the table's row sizes",
                 )
             })
         };
@@ -632,9 +660,11 @@ pub async fn merge_bucket(
                     if bucket_of(to, n) == bucket {
                         continue; // the update itself, in this bucket, moves it
                     }
-                    let row = view.remove(from);
                     if carry {
+                        let row = view.remove(from);
                         input.moved.lock().expect("not poisoned").insert(seq, row);
+                    } else {
+                        view.rows.remove(from);
                     }
                     continue;
                 }

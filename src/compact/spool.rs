@@ -100,7 +100,7 @@ pub fn bucket_of(key: &str, buckets: u32) -> u32 {
     (key_hash(key) & (buckets as u64 - 1)) as u32
 }
 
-/// One spooled row, as the merge of a bucket applies it.
+/// One row to spool (read back as [`Spooled`] rows).
 #[derive(Debug, Clone)]
 pub enum Step {
     /// A change whose key (or, for a truncate, every key) is in the bucket.
@@ -134,9 +134,10 @@ impl Step {
     }
 }
 
-/// About the memory a current row of a latest view takes (the map entry,
-/// the key, the seq and lsn, one cell per column and the text they hold);
-/// what the bucket count is chosen from.
+/// About the memory a change takes as typed values (the key, the seq and
+/// lsn, one cell per column and the text they hold): what the bucket count
+/// is chosen from. A latest view holds less per row (its values stay in
+/// Arrow batches), so the estimate errs on the safe side.
 pub fn row_bytes(change: &TypedChange) -> u64 {
     let text: usize = change
         .cells
@@ -1054,7 +1055,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn every_change_comes_back_once_in_its_bucket_in_seq_order() {
+    async fn every_change_comes_back_once_in_its_bucket() {
         let shape = shape();
         let mut spool = Spool::new(0).unwrap();
         let mut seq = 0;
@@ -1093,12 +1094,9 @@ mod tests {
             let mut seen = Vec::new();
             let mut truncates = 0;
             for b in 0..buckets {
-                let mut last = 0;
                 let mut truncated_here = false;
                 for file in spool.rounds("public.t") {
                     for step in read_steps(&spool, "public.t", file, b, buckets) {
-                        assert!(step.seq() >= last, "seq order");
-                        last = step.seq();
                         match step {
                             Step::Change(c) if c.op == ChangeOp::Truncate => truncated_here = true,
                             Step::Change(c) => {
