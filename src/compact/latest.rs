@@ -50,7 +50,7 @@ use super::history::{Output, ParquetFile, dictionaries_for, table_dir};
 use super::manifest::Move;
 use super::read::{ChangeOp, TypedChange};
 use super::session::{ARCHIVE_URL, table_url};
-use super::spool::{Role, Spool, absent_bits, bucket_of};
+use super::spool::{Role, Spool, absent_bits, bucket_of, left_out};
 use super::typing::{Cell, TableShape, build_array, read_cells};
 use crate::{Error, Result};
 
@@ -98,11 +98,6 @@ impl Row {
     fn loc(&self, column: usize) -> Loc {
         self.columns.as_ref().map_or(self.at, |c| c[column])
     }
-}
-
-/// Whether bit `j` of an absent-columns bitmap is set.
-fn left_out(bits: &[u8], j: usize) -> bool {
-    bits.get(j / 8).is_some_and(|b| b & (1 << (j % 8)) != 0)
 }
 
 /// A view's rows once the sources hold this many times the view's rows
@@ -156,15 +151,6 @@ impl LatestView {
             source_rows: 1,
             rows: HashMap::default(),
         }
-    }
-
-    /// Reads the previous generation's `files` (keys in the store).
-    pub async fn load(
-        ctx: &SessionContext,
-        shape: Arc<TableShape>,
-        files: &[String],
-    ) -> Result<LatestView> {
-        LatestView::load_bucket(ctx, shape, files, 0, 1).await
     }
 
     /// Reads the rows of bucket `bucket` of `buckets` from `files` (keys in
@@ -315,28 +301,49 @@ impl LatestView {
         Loc { src, row: 0 }
     }
 
-    /// Applies one change; changes come in seq order. The merge applies
-    /// spooled rows where they are (see [`merge_bucket`]); this is the same
-    /// for a change in hand.
+    /// Applies one change in hand; changes come in seq order.
     pub fn apply(&mut self, change: TypedChange) {
-        match change.op {
+        let at = match change.op {
+            ChangeOp::Upsert => self.add_cells(&change.cells, change.seq, &change.lsn),
+            _ => NULL,
+        };
+        let absent = absent_bits(&change.cells);
+        let (key, old_key) = (change.key.as_deref(), change.old_key.as_deref());
+        self.apply_at(change.op, key, old_key, at, absent.as_deref(), None);
+    }
+
+    /// Applies a change whose version (for an upsert) is at `at`: a
+    /// truncate empties the view, a delete removes the row under its key
+    /// (or old key), an upsert replaces the row (see [`LatestView::put`]),
+    /// removing it from its old key when it moved. `moved_in`: for an
+    /// update that moved a row here from a key another bucket holds, the
+    /// old row as that bucket had it (or `None`), instead.
+    fn apply_at(
+        &mut self,
+        op: ChangeOp,
+        key: Option<&str>,
+        old_key: Option<&str>,
+        at: Loc,
+        absent: Option<&[u8]>,
+        moved_in: Option<Option<Row>>,
+    ) {
+        match op {
             ChangeOp::Truncate => self.rows.clear(),
             ChangeOp::Delete => {
-                if let Some(k) = change.key.as_deref().or(change.old_key.as_deref()) {
+                if let Some(k) = key.or(old_key) {
                     self.rows.remove(k);
                 }
             }
             ChangeOp::Upsert => {
-                let Some(key) = change.key.as_deref() else {
+                let Some(key) = key else {
                     return;
                 };
-                let moved = match change.old_key.as_deref() {
-                    Some(old) if old != key => self.rows.remove(old),
-                    _ => None,
+                let moved = match (moved_in, old_key) {
+                    (Some(row), _) => row,
+                    (None, Some(old)) if old != key => self.rows.remove(old),
+                    (None, _) => None,
                 };
-                let absent = absent_bits(&change.cells);
-                let at = self.add_cells(&change.cells, change.seq, &change.lsn);
-                self.put(key, at, absent.as_deref(), moved);
+                self.put(key, at, absent, moved);
             }
         }
     }
@@ -388,7 +395,7 @@ impl LatestView {
     }
 
     /// Removes the row under `key`; its values.
-    pub fn remove(&mut self, key: &str) -> Option<Vec<Cell>> {
+    fn remove(&mut self, key: &str) -> Option<Vec<Cell>> {
         let row = self.rows.remove(key)?;
         Some(self.cells(&row))
     }
@@ -603,6 +610,25 @@ pub struct MergeInput {
     pub moved: Mutex<HashMap<u64, Option<Vec<Cell>>>>,
 }
 
+/// The old row of the update at `seq` that moved it from key `old` of
+/// another bucket: from where that bucket's merge left it, or by replaying
+/// that bucket up to the update when it is merged later.
+async fn moved_cells(input: &MergeInput, old: &str, seq: u64) -> Result<Option<Vec<Cell>>> {
+    let known = input.moved.lock().expect("not poisoned").get(&seq).cloned();
+    if let Some(cells) = known {
+        return Ok(cells);
+    }
+    let from = bucket_of(old, input.buckets);
+    let before = Box::pin(merge_bucket(input, from, Some(seq))).await?;
+    let cells = before.get(old);
+    input
+        .moved
+        .lock()
+        .expect("not poisoned")
+        .insert(seq, cells.clone());
+    Ok(cells)
+}
+
 /// The latest view of bucket `bucket`: the previous generation's rows of
 /// the bucket with the run's changes of the bucket applied in seq order,
 /// those before seq `until` only when it is given.
@@ -671,52 +697,25 @@ pub async fn merge_bucket(
                 Role::Change(op) => op,
             };
             let (key, old_key) = (rows.key(i), rows.old_key(i));
-            match op {
-                ChangeOp::Truncate => view.rows.clear(),
-                ChangeOp::Delete => {
-                    if let Some(k) = key.or(old_key) {
-                        view.rows.remove(k);
-                    }
-                }
-                ChangeOp::Upsert => {
-                    let Some(key) = key else { continue };
-                    let absent = rows.absent(i);
-                    let moved = match old_key {
-                        Some(old) if old != key && bucket_of(old, n) == bucket => {
-                            view.rows.remove(old)
-                        }
-                        Some(old) if old != key && absent.is_some() => {
-                            // Moved from another bucket, leaving columns
-                            // out: the old row's values, from where that
-                            // bucket's merge left them, or by replaying it
-                            // up to this change when it comes later.
-                            let known =
-                                input.moved.lock().expect("not poisoned").get(&seq).cloned();
-                            let cells = match known {
-                                Some(cells) => cells,
-                                None => {
-                                    let from = bucket_of(old, n);
-                                    let before =
-                                        Box::pin(merge_bucket(input, from, Some(seq))).await?;
-                                    let cells = before.get(old);
-                                    input
-                                        .moved
-                                        .lock()
-                                        .expect("not poisoned")
-                                        .insert(seq, cells.clone());
-                                    cells
-                                }
-                            };
-                            cells.map(|cells| Row {
-                                at: view.add_cells(&cells, seq, ""),
-                                columns: None,
-                            })
-                        }
-                        _ => None,
+            let absent = rows.absent(i);
+            let moved_in = match (op, key, old_key) {
+                (ChangeOp::Upsert, Some(key), Some(old))
+                    if old != key && bucket_of(old, n) != bucket =>
+                {
+                    // Moved from another bucket: when it left columns
+                    // out, it takes them from the old row.
+                    let cells = match absent {
+                        Some(_) => moved_cells(input, old, seq).await?,
+                        None => None,
                     };
-                    view.put(key, at, absent, moved);
+                    Some(cells.map(|cells| Row {
+                        at: view.add_cells(&cells, seq, ""),
+                        columns: None,
+                    }))
                 }
-            }
+                _ => None,
+            };
+            view.apply_at(op, key, old_key, at, absent, moved_in);
         }
         view.squeeze()?;
     }

@@ -685,6 +685,11 @@ pub fn absent_bits(cells: &[Cell]) -> Option<Vec<u8>> {
     Some(bits)
 }
 
+/// Whether column `j` is left out in a bitmap of [`absent_bits`].
+pub fn left_out(bits: &[u8], j: usize) -> bool {
+    bits.get(j / 8).is_some_and(|b| b & (1 << (j % 8)) != 0)
+}
+
 /// Writes one round of a table: batch `p` of the file holds partition `p`.
 fn write_round(
     shape: &TableShape,
@@ -830,11 +835,7 @@ mod tests {
                     }
                     Role::Change(op) => op,
                 };
-                let absent = |j: usize| {
-                    rows.absent(i).is_some_and(|bits| {
-                        bits.get(j / 8).is_some_and(|b| b & (1 << (j % 8)) != 0)
-                    })
-                };
+                let absent = |j: usize| rows.absent(i).is_some_and(|bits| left_out(bits, j));
                 let cells = (0..columns.len())
                     .map(|j| {
                         if absent(j) {
