@@ -30,6 +30,7 @@ use parquet::schema::types::ColumnPath;
 
 use super::Task;
 use super::read::TypedChange;
+use super::spool;
 use super::typing::{TableShape, build_array};
 use crate::config::{CompactConfig, Compression};
 use crate::sink::layout::key_segment;
@@ -454,16 +455,27 @@ type Rows = Vec<Arc<TypedChange>>;
 /// of compact's CPU) on a task of its own while the next buffer fills, so
 /// encoding runs beside the parse and the spool; at most one buffer is
 /// being encoded, so memory holds two buffers.
+///
+/// For a table with a key, the task also gives the buffer's rows for the
+/// latest view's spool ([`spool::change_rows`]), sharing the arrays just
+/// built: [`HistoryFile::push`] and [`HistoryFile::finish`] hand them on.
 pub struct HistoryFile {
     pub shape: Arc<TableShape>,
     schema: SchemaRef,
+    /// The spool's schema of the table, when it has a key.
+    spool: Option<SchemaRef>,
     /// The file, unless the encoding task has it.
     target: Option<Target>,
-    /// Shared with the spool, which holds the same changes.
+    /// Shared with the spool, which may hold the same changes.
     rows: Rows,
-    /// The buffer being encoded; gives back the file and the emptied buffer.
-    encoding: Option<Task<Result<(Target, Rows)>>>,
+    /// The buffer being encoded; gives back the file, the emptied buffer
+    /// and the buffer's spool rows.
+    encoding: Option<Task<Result<Encoded>>>,
 }
+
+/// What encoding a buffer gives back: the file, the emptied buffer, and
+/// the buffer's rows for the spool (a table with a key).
+type Encoded = (Target, Rows, Option<RecordBatch>);
 
 /// A history file, before or after its first buffer opens it. One per
 /// file, moved once per buffer of 8,192 rows: its size does not matter.
@@ -508,6 +520,7 @@ impl HistoryFile {
         let schema = history_schema(&shape);
         Ok(HistoryFile {
             target: Some(Target::Unopened(output.clone(), key, props)),
+            spool: (!shape.key.is_empty()).then(|| spool::spool_schema(&shape)),
             shape,
             schema,
             rows: Vec::with_capacity(BATCH_ROWS),
@@ -515,41 +528,49 @@ impl HistoryFile {
         })
     }
 
-    pub async fn push(&mut self, change: Arc<TypedChange>) -> Result<()> {
+    /// Adds a change (in seq order); when a buffer's encoding ends, its
+    /// rows for the spool.
+    pub async fn push(&mut self, change: Arc<TypedChange>) -> Result<Option<RecordBatch>> {
         self.rows.push(change);
         if self.rows.len() >= BATCH_ROWS {
-            self.flush().await?;
+            return self.flush().await;
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Hands the buffered rows to an encoding task, once the previous one
-    /// is done.
-    async fn flush(&mut self) -> Result<()> {
+    /// is done: that one's rows for the spool.
+    async fn flush(&mut self) -> Result<Option<RecordBatch>> {
         if self.rows.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
-        let (target, spare) = self.settle().await?;
+        let (target, spare, spooled) = self.settle().await?;
         let rows = std::mem::replace(&mut self.rows, spare);
         let (shape, schema) = (Arc::clone(&self.shape), Arc::clone(&self.schema));
+        let spool = self.spool.clone();
         self.encoding = Some(Task::spawn(async move {
             let columns = history_columns(&shape, &rows);
+            let spooled = match &spool {
+                Some(s) => Some(spool::change_rows(&shape, s, &columns, &rows)?),
+                None => None,
+            };
+            let mut rows = rows;
+            rows.clear();
             let mut file = target.open(&shape, &schema, Some(&columns))?;
             let batch = RecordBatch::try_new(schema, columns)
                 .map_err(|e| Error::bug(format!("cannot build a batch of {}: {e}", file.key)))?;
             file.write(&batch).await?;
-            let mut rows = rows;
-            rows.clear();
-            Ok((Target::Open(file), rows))
+            Ok((Target::Open(file), rows, spooled))
         }));
-        Ok(())
+        Ok(spooled)
     }
 
-    /// Waits for the encoding task, if any: the file and an empty buffer.
-    async fn settle(&mut self) -> Result<(Target, Rows)> {
+    /// Waits for the encoding task, if any: the file, an empty buffer and
+    /// the spool rows of the buffer it encoded.
+    async fn settle(&mut self) -> Result<Encoded> {
         match (self.encoding.take(), self.target.take()) {
             (Some(task), _) => task.join("the history encoder").await?,
-            (None, Some(target)) => Ok((target, Vec::with_capacity(BATCH_ROWS))),
+            (None, Some(target)) => Ok((target, Vec::with_capacity(BATCH_ROWS), None)),
             (None, None) => Err(Error::bug(format!(
                 "the history file of {} was used after it failed",
                 self.shape.table
@@ -557,15 +578,16 @@ impl HistoryFile {
         }
     }
 
-    /// Writes what is buffered and completes the file: (key, rows, bytes).
-    pub async fn finish(mut self) -> Result<(String, u64, u64)> {
-        self.flush().await?;
-        let (target, _) = self.settle().await?;
+    /// Writes what is buffered and completes the file: (key, rows, bytes,
+    /// the spool rows of its last buffers, in order).
+    pub async fn finish(mut self) -> Result<(String, u64, u64, Vec<RecordBatch>)> {
+        let before = self.flush().await?;
+        let (target, _, last) = self.settle().await?;
         let file = target.open(&self.shape, &self.schema, None)?;
         let key = file.key.clone();
         let rows = file.rows;
         let bytes = file.finish().await?;
-        Ok((key, rows, bytes))
+        Ok((key, rows, bytes, before.into_iter().chain(last).collect()))
     }
 }
 /// Rows of a first buffer from which a column's values are judged.
@@ -695,7 +717,7 @@ mod tests {
             .await
             .unwrap();
         }
-        let (key, rows, _) = file.finish().await.unwrap();
+        let (key, rows, _, _) = file.finish().await.unwrap();
         assert_eq!(rows, 20_000);
         let bytes = stored(&output, &key).await;
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).unwrap();
@@ -764,7 +786,7 @@ mod tests {
             };
             file.push(Arc::new(change)).await.unwrap();
         }
-        let (key, rows, _) = file.finish().await.unwrap();
+        let (key, rows, _, _) = file.finish().await.unwrap();
         assert_eq!(rows, n);
         let bytes = stored(output, &key).await;
         let (mut seqs, mut read) = (Vec::new(), Vec::new());

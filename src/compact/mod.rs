@@ -303,7 +303,9 @@ async fn run(
                         slot.insert(HistoryFile::create(&output, key, Arc::clone(shape), props)?)
                     }
                 };
-                hist.push(change).await?;
+                if let Some(rows) = hist.push(change).await? {
+                    spool.push_rows(&shape.table, rows).await?;
+                }
                 summary.changes += 1;
             }
             bar.inc(object.size);
@@ -313,7 +315,10 @@ async fn run(
         open.sort_by(|a, b| a.shape.table.cmp(&b.shape.table));
         for hist in open {
             let table = hist.shape.table.clone();
-            let (_, rows, bytes) = hist.finish().await?;
+            let (_, rows, bytes, spooled) = hist.finish().await?;
+            for batch in spooled {
+                spool.push_rows(&table, batch).await?;
+            }
             summary.history_files += 1;
             summary.history_bytes += bytes;
             manifest.tables.entry(table).or_default().history_rows += rows;
