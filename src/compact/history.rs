@@ -475,7 +475,7 @@ pub struct HistoryFile {
 
 /// What encoding a buffer gives back: the file, the emptied buffer, and
 /// the buffer's rows for the spool (a table with a key).
-type Encoded = (Target, Rows, Option<RecordBatch>);
+type Encoded = (Target, Rows, Option<spool::ChangeRows>);
 
 /// A history file, before or after its first buffer opens it. One per
 /// file, moved once per buffer of 8,192 rows: its size does not matter.
@@ -530,7 +530,7 @@ impl HistoryFile {
 
     /// Adds a change (in seq order); when a buffer's encoding ends, its
     /// rows for the spool.
-    pub async fn push(&mut self, change: Arc<TypedChange>) -> Result<Option<RecordBatch>> {
+    pub async fn push(&mut self, change: Arc<TypedChange>) -> Result<Option<spool::ChangeRows>> {
         self.rows.push(change);
         if self.rows.len() >= BATCH_ROWS {
             return self.flush().await;
@@ -540,7 +540,7 @@ impl HistoryFile {
 
     /// Hands the buffered rows to an encoding task, once the previous one
     /// is done: that one's rows for the spool.
-    async fn flush(&mut self) -> Result<Option<RecordBatch>> {
+    async fn flush(&mut self) -> Result<Option<spool::ChangeRows>> {
         if self.rows.is_empty() {
             return Ok(None);
         }
@@ -580,7 +580,7 @@ impl HistoryFile {
 
     /// Writes what is buffered and completes the file: (key, rows, bytes,
     /// the spool rows of its last buffers, in order).
-    pub async fn finish(mut self) -> Result<(String, u64, u64, Vec<RecordBatch>)> {
+    pub async fn finish(mut self) -> Result<(String, u64, u64, Vec<spool::ChangeRows>)> {
         let before = self.flush().await?;
         let (target, _, last) = self.settle().await?;
         let file = target.open(&self.shape, &self.schema, None)?;
