@@ -232,18 +232,21 @@ pub struct Line {
 /// Parses and types one envelope line without building a JSON map of its
 /// row: `data`'s values are parsed straight into cells (key and json
 /// columns through a `Value`, so their text is exactly what
-/// [`type_change`] gives). Lines whose fields come in another order than
+/// [`type_change`] gives). The parser is sonic-rs's serde deserializer
+/// (SIMD scanning; the same visitors as serde_json's, which was 10%
+/// slower end to end). Lines whose fields come in another order than
 /// `waltail run` writes (`table` before `data`) take the [`Envelope`]
 /// path. The result equals `type_change(shape, envelope)`.
 pub fn type_line(shapes: &Shapes, line: &[u8]) -> Result<Line, String> {
     // Checked once here, so the parser does not check every string again
     // (it does for a byte slice: a tenth of the parse).
     let line = std::str::from_utf8(line).map_err(|e| format!("the line is not UTF-8: {e}"))?;
-    let mut de = serde_json::Deserializer::from_str(line);
+    let mut de = sonic_rs::Deserializer::from_str(line);
     let fast = LineSeed { shapes }
         .deserialize(&mut de)
         .and_then(|p| de.end().map(|()| p))
-        .map_err(|e| e.to_string())?;
+        // Its first line: the next ones quote the line around the place.
+        .map_err(|e| e.to_string().lines().next().unwrap_or_default().to_string())?;
     let Some(fast) = fast else {
         // `data` came before `table`: the general path.
         let env: Envelope = serde_json::from_str(line).map_err(|e| e.to_string())?;
@@ -743,8 +746,10 @@ mod tests {
                 .map_err(|e| e.to_string())
                 .and_then(|env| type_change(&shape, env))
                 .unwrap_err();
-            let what = |e: &str| e.split(':').next().unwrap().to_string();
+            // The two parsers word a syntax error differently.
+            let what = |e: &str| e.split([':', ' ']).next().unwrap().to_string();
             assert_eq!(what(&fast), what(&slow), "{bad}");
+            assert!(!fast.contains('\n'), "{fast}");
         }
     }
 
@@ -773,6 +778,51 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("\"zz\""), "{err}");
+    }
+
+    proptest::proptest! {
+        /// A float8 value as the source prints it (shortest round trip) and
+        /// a numeric of up to 15 significant digits (what `waltail run`
+        /// writes as a JSON number) come back exactly: the line parser's
+        /// number reading loses nothing.
+        #[test]
+        fn numbers_come_back_exactly(
+            bits in proptest::num::u64::ANY,
+            digits in 1u64..1_000_000_000_000_000,
+            scale in 0u32..15,
+            negative in proptest::bool::ANY,
+        ) {
+            let f = f64::from_bits(bits);
+            proptest::prop_assume!(f.is_finite());
+            let unscaled = (digits as i128) * if negative { -1 } else { 1 };
+            let text = {
+                let d = unscaled.unsigned_abs().to_string();
+                let d = format!("{d:0>width$}", width = scale as usize + 1);
+                let (int, frac) = d.split_at(d.len() - scale as usize);
+                let sign = if negative { "-" } else { "" };
+                if scale == 0 { format!("{sign}{int}") } else { format!("{sign}{int}.{frac}") }
+            };
+            let shape = TableShape {
+                table: "public.t".into(),
+                columns: [
+                    ("id", Kind::Int64),
+                    ("f", Kind::Float64),
+                    ("d", Kind::Decimal { precision: 38, scale: 14 }),
+                ]
+                .into_iter()
+                .map(|(name, kind)| Column { name: name.into(), kind })
+                .collect(),
+                key: vec![0],
+            };
+            let shapes = Shapes::new([Arc::new(shape)]);
+            let line = format!(
+                r#"{{"op":"insert","table":"public.t","data":{{"id":1,"f":{f:?},"d":{text}}},"old":null,"seq":1,"idempotency_key":"k","commit_lsn":"0/1"}}"#
+            );
+            let (_, c) = type_line(&shapes, line.as_bytes()).unwrap().change.unwrap();
+            proptest::prop_assert_eq!(&c.cells[1], &Cell::Float(f), "{}", line);
+            let want = unscaled * 10i128.pow(14 - scale);
+            proptest::prop_assert_eq!(&c.cells[2], &Cell::Dec(want), "{}", line);
+        }
     }
 
     #[test]
