@@ -15,6 +15,10 @@
 //! * `compact_history/encode`: `history::history_columns` of 8,192 typed
 //!   changes into Arrow arrays plus their encoding as one zstd Parquet row
 //!   group (the writer properties compact uses), into memory.
+//! * `compact_history/spool_rows`: `spool::change_rows` of the same 8,192
+//!   changes given their history arrays: the latest view's spool rows the
+//!   history's encoding task builds and orders by partition for a table
+//!   spooled change by change.
 //! * `compact_merge/spooled_rows`: `latest::merge_bucket` of 65,536 spooled
 //!   changes (the bench lines, each under a key of its own) into a latest
 //!   view of one bucket: the spool's read-back and one hash lookup per
@@ -32,7 +36,7 @@ use parquet::arrow::ArrowWriter;
 use waltail::compact::history::{history_columns, history_schema, writer_properties};
 use waltail::compact::latest::{MergeInput, merge_bucket};
 use waltail::compact::read::{Shapes, TypedChange, type_line};
-use waltail::compact::spool::Spool;
+use waltail::compact::spool::{self, Spool};
 use waltail::compact::typing::{RecordColumn, SchemaRecord, TableShape};
 use waltail::config::CompactConfig;
 
@@ -161,6 +165,14 @@ fn bench_history(c: &mut Criterion) {
             w.write(&batch).expect("encoded");
             w.close().expect("closed");
             black_box(out.len())
+        })
+    });
+    let columns = history_columns(&shape, &changes);
+    let spool_schema = spool::spool_schema(&shape);
+    g.bench_function("spool_rows", |b| {
+        b.iter(|| {
+            let rows = spool::change_rows(&shape, &spool_schema, &columns, &changes);
+            black_box(rows.expect("spool rows"))
         })
     });
     g.finish();

@@ -454,11 +454,13 @@ type Rows = Vec<Arc<TypedChange>>;
 /// A full buffer of rows is converted and encoded (Parquet, zstd: a fifth
 /// of compact's CPU) on a task of its own while the next buffer fills, so
 /// encoding runs beside the parse and the spool; at most one buffer is
-/// being encoded, so memory holds two buffers.
+/// being encoded, so memory holds two buffers (and the spool rows of the
+/// one encoded last, until the next buffer is handed over).
 ///
-/// For a table with a key, the task also gives the buffer's rows for the
-/// latest view's spool ([`spool::change_rows`]), sharing the arrays just
-/// built: [`HistoryFile::push`] and [`HistoryFile::finish`] hand them on.
+/// For a table with a key whose spool takes them, the task also gives the
+/// buffer's rows for the latest view's spool ([`spool::change_rows`],
+/// built from the arrays just built, while in cache):
+/// [`HistoryFile::push`] and [`HistoryFile::finish`] hand them on.
 pub struct HistoryFile {
     pub shape: Arc<TableShape>,
     schema: SchemaRef,
@@ -529,28 +531,34 @@ impl HistoryFile {
     }
 
     /// Adds a change (in seq order); when a buffer's encoding ends, its
-    /// rows for the spool.
-    pub async fn push(&mut self, change: Arc<TypedChange>) -> Result<Option<spool::ChangeRows>> {
+    /// rows for the spool. `wants_rows` (asked when a full buffer goes to
+    /// encoding): whether the spool takes the table's rows from here (see
+    /// [`spool::Spool::takes_rows`]); if not, they are not built.
+    pub async fn push(
+        &mut self,
+        change: Arc<TypedChange>,
+        wants_rows: impl FnOnce() -> bool,
+    ) -> Result<Option<spool::ChangeRows>> {
         self.rows.push(change);
         if self.rows.len() >= BATCH_ROWS {
-            return self.flush().await;
+            return self.flush(wants_rows()).await;
         }
         Ok(None)
     }
 
     /// Hands the buffered rows to an encoding task, once the previous one
     /// is done: that one's rows for the spool.
-    async fn flush(&mut self) -> Result<Option<spool::ChangeRows>> {
+    async fn flush(&mut self, wants_rows: bool) -> Result<Option<spool::ChangeRows>> {
         if self.rows.is_empty() {
             return Ok(None);
         }
-        let (target, spare, spooled) = self.settle().await?;
+        let (target, spare, previous) = self.settle().await?;
         let rows = std::mem::replace(&mut self.rows, spare);
         let (shape, schema) = (Arc::clone(&self.shape), Arc::clone(&self.schema));
-        let spool = self.spool.clone();
+        let spool_schema = self.spool.clone().filter(|_| wants_rows);
         self.encoding = Some(Task::spawn(async move {
             let columns = history_columns(&shape, &rows);
-            let spooled = match &spool {
+            let spooled = match &spool_schema {
                 Some(s) => Some(spool::change_rows(&shape, s, &columns, &rows)?),
                 None => None,
             };
@@ -562,7 +570,7 @@ impl HistoryFile {
             file.write(&batch).await?;
             Ok((Target::Open(file), rows, spooled))
         }));
-        Ok(spooled)
+        Ok(previous)
     }
 
     /// Waits for the encoding task, if any: the file, an empty buffer and
@@ -579,9 +587,13 @@ impl HistoryFile {
     }
 
     /// Writes what is buffered and completes the file: (key, rows, bytes,
-    /// the spool rows of its last buffers, in order).
-    pub async fn finish(mut self) -> Result<(String, u64, u64, Vec<spool::ChangeRows>)> {
-        let before = self.flush().await?;
+    /// the spool rows of its last buffers, in order; `wants_rows` as for
+    /// [`HistoryFile::push`]).
+    pub async fn finish(
+        mut self,
+        wants_rows: bool,
+    ) -> Result<(String, u64, u64, Vec<spool::ChangeRows>)> {
+        let before = self.flush(wants_rows).await?;
         let (target, _, last) = self.settle().await?;
         let file = target.open(&self.shape, &self.schema, None)?;
         let key = file.key.clone();
@@ -590,6 +602,7 @@ impl HistoryFile {
         Ok((key, rows, bytes, before.into_iter().chain(last).collect()))
     }
 }
+
 /// Rows of a first buffer from which a column's values are judged.
 const DICTIONARY_SAMPLE: usize = 1000;
 
@@ -700,24 +713,27 @@ mod tests {
         let props = writer_properties(&crate::config::CompactConfig::default());
         let mut file = HistoryFile::create(&output, "h.parquet".into(), shape, props).unwrap();
         for seq in 1..=20_000u64 {
-            file.push(Arc::new(TypedChange {
-                op_name: "insert",
-                op: ChangeOp::Upsert,
-                seq,
-                lsn: format!("0/{:X}", seq / 10 * 64).into(),
-                key: Some(format!(r#"{{"id":{seq}}}"#).into()),
-                old_key: None,
-                cells: vec![
-                    Cell::Int(seq as i64),
-                    Cell::Str(format!("status {}", seq % 7).into()),
-                ],
-                old: None,
-                unchanged: None,
-            }))
+            file.push(
+                Arc::new(TypedChange {
+                    op_name: "insert",
+                    op: ChangeOp::Upsert,
+                    seq,
+                    lsn: format!("0/{:X}", seq / 10 * 64).into(),
+                    key: Some(format!(r#"{{"id":{seq}}}"#).into()),
+                    old_key: None,
+                    cells: vec![
+                        Cell::Int(seq as i64),
+                        Cell::Str(format!("status {}", seq % 7).into()),
+                    ],
+                    old: None,
+                    unchanged: None,
+                }),
+                || false,
+            )
             .await
             .unwrap();
         }
-        let (key, rows, _, _) = file.finish().await.unwrap();
+        let (key, rows, _, _) = file.finish(false).await.unwrap();
         assert_eq!(rows, 20_000);
         let bytes = stored(&output, &key).await;
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).unwrap();
@@ -759,6 +775,53 @@ mod tests {
         assert!(judged.dictionary_enabled(&ColumnPath::from("id")));
     }
 
+    /// The spool rows of every buffer come back once, buffer after buffer
+    /// in seq order (the last two from `finish`), and only for the buffers
+    /// handed to encoding while the spool wanted them.
+    #[tokio::test]
+    async fn each_buffers_spool_rows_come_back_once_in_order() {
+        let output = Output {
+            store: Arc::new(InMemory::new()),
+            parts: None,
+        };
+        let shape = Arc::new(TableShape::test_t());
+        let props = writer_properties(&crate::config::CompactConfig::default());
+        let mut file = HistoryFile::create(&output, "h.parquet".into(), shape, props).unwrap();
+        let n = 3 * BATCH_ROWS as u64 + 100;
+        let mut buffers = Vec::new();
+        for seq in 1..=n {
+            let change = Arc::new(TypedChange {
+                op_name: "insert",
+                op: ChangeOp::Upsert,
+                seq,
+                lsn: format!("0/{seq:X}").into(),
+                key: Some(format!(r#"{{"id":{seq}}}"#).into()),
+                old_key: None,
+                cells: vec![Cell::Int(seq as i64), Cell::Null],
+                old: None,
+                unchanged: None,
+            });
+            // The first buffer goes to encoding while the spool combines.
+            let wanted = seq > BATCH_ROWS as u64;
+            buffers.extend(file.push(change, || wanted).await.unwrap());
+        }
+        let (_, rows, _, last) = file.finish(true).await.unwrap();
+        assert_eq!(rows, n);
+        assert_eq!(last.len(), 2, "the last full buffer's and the rest's");
+        buffers.extend(last);
+        let seqs: Vec<Vec<u64>> = buffers
+            .iter()
+            .map(|b| {
+                let mut seqs = b.seqs();
+                seqs.sort();
+                seqs
+            })
+            .collect();
+        assert_eq!(seqs.len(), 3);
+        let first = BATCH_ROWS as u64 + 1;
+        assert_eq!(seqs.concat(), (first..=n).collect::<Vec<u64>>());
+    }
+
     /// Writes `n` changes of `public.t` (`doc` of `doc_bytes` random
     /// letters: incompressible, to make a large file) as one history file
     /// through `output`, and reads back the `_seq` column and the docs.
@@ -784,9 +847,9 @@ mod tests {
                 old: None,
                 unchanged: None,
             };
-            file.push(Arc::new(change)).await.unwrap();
+            file.push(Arc::new(change), || false).await.unwrap();
         }
-        let (key, rows, _, _) = file.finish().await.unwrap();
+        let (key, rows, _, _) = file.finish(false).await.unwrap();
         assert_eq!(rows, n);
         let bytes = stored(output, &key).await;
         let (mut seqs, mut read) = (Vec::new(), Vec::new());

@@ -303,7 +303,8 @@ async fn run(
                         slot.insert(HistoryFile::create(&output, key, Arc::clone(shape), props)?)
                     }
                 };
-                if let Some(rows) = hist.push(change).await? {
+                let wants_rows = || spool.takes_rows(&shape.table);
+                if let Some(rows) = hist.push(change, wants_rows).await? {
                     spool.push_rows(&shape.table, rows).await?;
                 }
                 summary.changes += 1;
@@ -315,7 +316,7 @@ async fn run(
         open.sort_by(|a, b| a.shape.table.cmp(&b.shape.table));
         for hist in open {
             let table = hist.shape.table.clone();
-            let (_, rows, bytes, spooled) = hist.finish().await?;
+            let (_, rows, bytes, spooled) = hist.finish(spool.takes_rows(&table)).await?;
             for batch in spooled {
                 spool.push_rows(&table, batch).await?;
             }

@@ -746,10 +746,18 @@ mod tests {
                 .map_err(|e| e.to_string())
                 .and_then(|env| type_change(&shape, env))
                 .unwrap_err();
-            // The two parsers word a syntax error differently.
-            let what = |e: &str| e.split([':', ' ']).next().unwrap().to_string();
-            assert_eq!(what(&fast), what(&slow), "{bad}");
             assert!(!fast.contains('\n'), "{fast}");
+            if bad.ends_with(r#"{"id":1}"#) {
+                // A syntax error: the two parsers word it differently.
+                let eof = "EOF while parsing";
+                assert!(
+                    fast.starts_with(eof) && slow.starts_with(eof),
+                    "{fast} / {slow}"
+                );
+                continue;
+            }
+            let what = |e: &str| e.split(':').next().unwrap().to_string();
+            assert_eq!(what(&fast), what(&slow), "{bad}");
         }
     }
 
