@@ -700,6 +700,29 @@ mod tests {
         got.bytes().await.unwrap()
     }
 
+    /// A history file of `public.t` named `h.parquet` on `output`, with
+    /// compact's default properties.
+    fn test_file(output: &Output) -> HistoryFile {
+        let shape = Arc::new(TableShape::test_t());
+        let props = writer_properties(&crate::config::CompactConfig::default());
+        HistoryFile::create(output, "h.parquet".into(), shape, props).unwrap()
+    }
+
+    /// An insert of `public.t` at `seq` (key and id `seq`) with `doc`.
+    fn insert(seq: u64, doc: Cell) -> Arc<TypedChange> {
+        Arc::new(TypedChange {
+            op_name: "insert",
+            op: ChangeOp::Upsert,
+            seq,
+            lsn: format!("0/{seq:X}").into(),
+            key: Some(format!(r#"{{"id":{seq}}}"#).into()),
+            old_key: None,
+            cells: vec![Cell::Int(seq as i64), doc],
+            old: None,
+            unchanged: None,
+        })
+    }
+
     /// A column whose values nearly never repeat is written without a
     /// dictionary; one whose values repeat, and `_lsn` shared by a
     /// transaction's changes, keep theirs.
@@ -709,29 +732,12 @@ mod tests {
             store: Arc::new(InMemory::new()),
             parts: None,
         };
-        let shape = Arc::new(TableShape::test_t());
-        let props = writer_properties(&crate::config::CompactConfig::default());
-        let mut file = HistoryFile::create(&output, "h.parquet".into(), shape, props).unwrap();
+        let mut file = test_file(&output);
         for seq in 1..=20_000u64 {
-            file.push(
-                Arc::new(TypedChange {
-                    op_name: "insert",
-                    op: ChangeOp::Upsert,
-                    seq,
-                    lsn: format!("0/{:X}", seq / 10 * 64).into(),
-                    key: Some(format!(r#"{{"id":{seq}}}"#).into()),
-                    old_key: None,
-                    cells: vec![
-                        Cell::Int(seq as i64),
-                        Cell::Str(format!("status {}", seq % 7).into()),
-                    ],
-                    old: None,
-                    unchanged: None,
-                }),
-                || false,
-            )
-            .await
-            .unwrap();
+            let mut change = insert(seq, Cell::Str(format!("status {}", seq % 7).into()));
+            // Ten changes per transaction: their LSN repeats.
+            Arc::get_mut(&mut change).unwrap().lsn = format!("0/{:X}", seq / 10 * 64).into();
+            file.push(change, || false).await.unwrap();
         }
         let (key, rows, _, _) = file.finish(false).await.unwrap();
         assert_eq!(rows, 20_000);
@@ -784,23 +790,11 @@ mod tests {
             store: Arc::new(InMemory::new()),
             parts: None,
         };
-        let shape = Arc::new(TableShape::test_t());
-        let props = writer_properties(&crate::config::CompactConfig::default());
-        let mut file = HistoryFile::create(&output, "h.parquet".into(), shape, props).unwrap();
+        let mut file = test_file(&output);
         let n = 3 * BATCH_ROWS as u64 + 100;
         let mut buffers = Vec::new();
         for seq in 1..=n {
-            let change = Arc::new(TypedChange {
-                op_name: "insert",
-                op: ChangeOp::Upsert,
-                seq,
-                lsn: format!("0/{seq:X}").into(),
-                key: Some(format!(r#"{{"id":{seq}}}"#).into()),
-                old_key: None,
-                cells: vec![Cell::Int(seq as i64), Cell::Null],
-                old: None,
-                unchanged: None,
-            });
+            let change = insert(seq, Cell::Null);
             // The first buffer goes to encoding while the spool combines.
             let wanted = seq > BATCH_ROWS as u64;
             buffers.extend(file.push(change, || wanted).await.unwrap());
@@ -826,9 +820,7 @@ mod tests {
     /// letters: incompressible, to make a large file) as one history file
     /// through `output`, and reads back the `_seq` column and the docs.
     async fn write_and_read(output: &Output, n: u64, doc_bytes: usize) -> (Vec<i64>, Vec<String>) {
-        let shape = Arc::new(TableShape::test_t());
-        let props = writer_properties(&crate::config::CompactConfig::default());
-        let mut file = HistoryFile::create(output, "h.parquet".into(), shape, props).unwrap();
+        let mut file = test_file(output);
         let mut rng = fastrand::Rng::with_seed(7);
         let mut docs = Vec::new();
         for seq in 1..=n {
@@ -836,18 +828,9 @@ mod tests {
                 .take(doc_bytes)
                 .collect();
             docs.push(doc.clone());
-            let change = TypedChange {
-                op_name: "insert",
-                op: ChangeOp::Upsert,
-                seq,
-                lsn: format!("0/{seq:X}").into(),
-                key: Some(format!(r#"{{"id":{seq}}}"#).into()),
-                old_key: None,
-                cells: vec![Cell::Int(seq as i64), Cell::Str(doc.into())],
-                old: None,
-                unchanged: None,
-            };
-            file.push(Arc::new(change), || false).await.unwrap();
+            file.push(insert(seq, Cell::Str(doc.into())), || false)
+                .await
+                .unwrap();
         }
         let (key, rows, _, _) = file.finish(false).await.unwrap();
         assert_eq!(rows, n);
