@@ -23,6 +23,7 @@ pub mod listing;
 pub mod lock;
 pub mod manifest;
 pub mod read;
+mod scan;
 pub mod session;
 pub mod spool;
 pub mod typing;
@@ -560,15 +561,23 @@ fn parse_object(shapes: &read::Shapes, key: &str, body: &[u8]) -> Result<Vec<rea
     // About one line per 200 bytes (a typed line is ~200 bytes too: growing
     // the vector would copy them over and over).
     let mut lines = Vec::with_capacity(body.len() / 200 + 1);
+    // Checked whole, faster than line by line; an object that is not UTF-8
+    // is read line by line, so the error says which line and where.
+    let text = std::str::from_utf8(body).ok();
     let mut start = 0;
     let ends = memchr::memchr_iter(b'\n', body).chain(std::iter::once(body.len()));
     for (n, end) in ends.enumerate() {
-        let line = &body[start..end];
+        let (start_of_line, line) = (start, &body[start..end]);
         start = end + 1;
         if line.is_empty() {
             continue;
         }
-        lines.push(read::type_line(shapes, line).map_err(|what| {
+        let typed = match text {
+            // Cut at newlines: char boundaries.
+            Some(text) => read::type_text(shapes, &text[start_of_line..end]),
+            None => read::type_line(shapes, line),
+        };
+        lines.push(typed.map_err(|what| {
             Error::fatal(
                 format!("{key} line {}: {what}", n + 1),
                 "archive objects are written by `waltail run`; restore this one from a copy, or move it away and compact again",
