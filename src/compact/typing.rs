@@ -496,29 +496,38 @@ fn era(s: &str) -> (&str, bool) {
 /// at `scale`, if it has no more fractional digits than `scale` and fits
 /// `precision` digits.
 pub fn parse_decimal(text: &str, precision: u8, scale: i8) -> Option<i128> {
-    let (mantissa, exp) = match text.find(['e', 'E']) {
-        Some(i) => (&text[..i], text[i + 1..].parse::<i32>().ok()?),
-        None => (text, 0),
+    // One pass over the bytes (splitting the text first was 2% of compact).
+    let bytes = text.as_bytes();
+    let (neg, mut i) = match bytes.first() {
+        Some(b'-') => (true, 1),
+        Some(b'+') => (false, 1),
+        _ => (false, 0),
     };
-    let (neg, digits) = match mantissa.strip_prefix('-') {
-        Some(d) => (true, d),
-        None => (false, mantissa.strip_prefix('+').unwrap_or(mantissa)),
-    };
-    let (whole, frac) = digits.split_once('.').unwrap_or((digits, ""));
-    if whole.is_empty() && frac.is_empty()
-        || !whole
-            .bytes()
-            .chain(frac.bytes())
-            .all(|b| b.is_ascii_digit())
-    {
+    let mut unscaled: i128 = 0;
+    let (mut digits, mut frac_len, mut dot) = (0usize, 0i32, false);
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'0'..=b'9' => {
+                unscaled = unscaled.checked_mul(10)?.checked_add((b - b'0') as i128)?;
+                digits += 1;
+                frac_len += i32::from(dot);
+            }
+            b'.' if !dot => dot = true,
+            b'e' | b'E' => break,
+            _ => return None,
+        }
+        i += 1;
+    }
+    if digits == 0 {
         return None;
     }
-    // value = int(whole frac) * 10^(exp - len(frac)); we want value * 10^scale.
-    let mut unscaled: i128 = 0;
-    for b in whole.bytes().chain(frac.bytes()) {
-        unscaled = unscaled.checked_mul(10)?.checked_add((b - b'0') as i128)?;
-    }
-    let shift = exp - frac.len() as i32 + scale as i32;
+    let exp = if i < bytes.len() {
+        text[i + 1..].parse::<i32>().ok()?
+    } else {
+        0
+    };
+    // value = unscaled * 10^(exp - frac_len); we want value * 10^scale.
+    let shift = exp.checked_sub(frac_len)?.checked_add(scale as i32)?;
     if shift >= 0 {
         unscaled = unscaled.checked_mul(10i128.checked_pow(shift as u32)?)?;
     } else {
@@ -685,6 +694,15 @@ mod tests {
         assert_eq!(parse_decimal("1000", 3, 0), None, "too many digits");
         assert_eq!(parse_decimal("NaN", 10, 2), None);
         assert_eq!(parse_decimal("", 10, 2), None);
+        for bad in [".", "-", "1.2.3", "+-5", "1e", "1e+", "1.5x"] {
+            assert_eq!(parse_decimal(bad, 10, 2), None, "{bad}");
+        }
+        assert_eq!(parse_decimal("+.5", 10, 2), Some(50));
+        assert_eq!(parse_decimal("5.", 10, 2), Some(500));
+        assert_eq!(parse_decimal("1.5E+1", 10, 2), Some(1500));
+        // An exponent out of range is no number, not an overflow.
+        assert_eq!(parse_decimal("1e2147483647", 10, 2), None);
+        assert_eq!(parse_decimal("1e-2147483648", 10, 2), None);
     }
 
     #[test]
