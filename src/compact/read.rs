@@ -251,11 +251,12 @@ pub struct Line {
 /// Parses and types one envelope line without building a JSON map of its
 /// row: `data`'s values are parsed straight into cells (key and json
 /// columns through a `Value`, so their text is exactly what
-/// [`type_change`] gives). The parser is sonic-rs's serde deserializer
-/// (SIMD scanning; the same visitors as serde_json's, which was 10%
-/// slower end to end). Lines whose fields come in another order than
-/// `waltail run` writes (`table` before `data`) take the [`Envelope`]
-/// path. The result equals `type_change(shape, envelope)`.
+/// [`type_change`] gives). A line laid out as `waltail run` writes it
+/// takes the fast path (`scan`); any other, the general parser, sonic-rs's
+/// serde deserializer (SIMD scanning; the same visitors as serde_json's,
+/// which was 10% slower end to end). Lines whose fields come in another
+/// order than `waltail run` writes (`table` before `data`) take the
+/// [`Envelope`] path. The result equals `type_change(shape, envelope)`.
 pub fn type_line(shapes: &Shapes, line: &[u8]) -> Result<Line, String> {
     // Checked once here, so the parser does not check every string again
     // (it does for a byte slice: a tenth of the parse).
@@ -936,6 +937,9 @@ mod tests {
                     if scale == 0 { format!("{sign}{int}") } else { format!("{sign}{int}.{frac}") }
                 }),
                 (1u32..99_999, -4i32..6).prop_map(|(m, e)| format!("{m}e{e}")),
+                // Longer than `waltail run` writes as a number: the general
+                // parser's f64 rounds them; the fast path leaves them to it.
+                "[1-9][0-9]{11,15}\\.[0-9]{4}",
                 Just("\"12.50\"".to_string()),
             ]
             .boxed(),
@@ -1071,6 +1075,45 @@ mod tests {
                 "{line}"
             );
         }
+        // Left to the general parser: a decimal of more than 15 digits
+        // (its f64 would round it), a name that needs escaping (here raw,
+        // which is invalid JSON), a value nested deeper than the general
+        // parser's limit allows, counted from the line.
+        let mut decimal = shape();
+        decimal.columns[1].kind = Kind::Decimal {
+            precision: 20,
+            scale: 4,
+        };
+        let decimal = Shapes::new([Arc::new(decimal)]);
+        let line = r#"{"op":"insert","table":"public.t","data":{"id":1,"doc":1234567890123456.7891},"old":null,"seq":1,"idempotency_key":"k","commit_lsn":"0/1"}"#;
+        assert!(super::super::scan::scan_line(&decimal, line).is_none());
+        let mut tab = shape();
+        tab.columns[1].name = "a\tb".into();
+        let tab = Shapes::new([Arc::new(tab)]);
+        let line = "{\"op\":\"insert\",\"table\":\"public.t\",\"data\":{\"id\":1,\"a\tb\":\"x\"},\"old\":null,\"seq\":1,\"idempotency_key\":\"k\",\"commit_lsn\":\"0/1\"}";
+        assert!(super::super::scan::scan_line(&tab, line).is_none());
+        assert!(type_text(&tab, line).is_err());
+        let mut json = shape();
+        json.columns[1].kind = Kind::Json;
+        let json = Shapes::new([Arc::new(json)]);
+        let deep = |n: usize| {
+            format!(
+                r#"{{"op":"insert","table":"public.t","data":{{"id":1,"doc":{}{}}},"old":null,"seq":1,"idempotency_key":"k","commit_lsn":"0/1"}}"#,
+                "[".repeat(n),
+                "]".repeat(n)
+            )
+        };
+        // A debug build's frames are large: parsed on a thread with room.
+        std::thread::Builder::new()
+            .stack_size(256 << 20)
+            .spawn(move || {
+                assert!(super::super::scan::scan_line(&json, &deep(200)).is_some());
+                assert!(super::super::scan::scan_line(&json, &deep(254)).is_none());
+                assert!(type_text(&json, &deep(254)).is_err());
+            })
+            .unwrap()
+            .join()
+            .unwrap();
         // Postgres prints a float8 -0 as `-0`; sonic-rs reads it as 0, the
         // fast path as -0.
         let mut shape = shape();

@@ -1,11 +1,11 @@
-//! The fast path of [`super::read::type_line`]: a line laid out exactly as
+//! The fast path of [`super::read::type_text`]: a line laid out exactly as
 //! `waltail run` writes it is read by comparing the bytes it must have and
 //! cutting the values out, with no JSON key decoded.
 //!
 //! The layout: the contract's field order
 //! (`{"op","table","data","old","seq","idempotency_key","commit_lsn"}`), no
 //! whitespace, strings without escapes where the line names things (the
-//! op, the table, column names, the LSN). Values are read as the general
+//! op, the table, column names, the idempotency key, the LSN). Values are read as the general
 //! parser reads them: numbers from their text, strings that need no
 //! unescaping borrowed from the line; a JSON column's value, a key column's
 //! value other than an integer or plain string, and `old` are handed to
@@ -169,12 +169,23 @@ fn cell(c: &mut Cursor, kind: Kind) -> Option<Cell> {
 }
 
 /// A number's text as a cell of `kind`. Decimals are parsed from the text
-/// (the general parser goes through an f64 and its shortest text: the same
-/// value for the at most 15 significant digits `waltail run` writes as a
-/// number). Numbers in text, date and time columns are left to the general
-/// parser, which formats them as serde_json does.
+/// when it has at most 15 digits before any exponent (what `waltail run`
+/// writes as a number): the general parser goes through an f64 and its
+/// shortest text, the same value for those, not for longer ones. Numbers
+/// in text, date and time columns are left to the general parser, which
+/// formats them as serde_json does.
 fn number_cell(kind: Kind, text: &str, int: bool) -> Option<Cell> {
     match kind {
+        Kind::Decimal { .. }
+            if text
+                .bytes()
+                .take_while(|b| !matches!(b, b'e' | b'E'))
+                .filter(u8::is_ascii_digit)
+                .count()
+                > 15 =>
+        {
+            None
+        }
         Kind::Int16 | Kind::Int32 | Kind::Int64 if int => int_cell(kind, integer(text)?),
         Kind::Float32 | Kind::Float64 => {
             let v: f64 = text.parse().ok()?;
@@ -194,6 +205,14 @@ fn integer(text: &str) -> Option<i64> {
     }
     text.parse().ok()
 }
+
+/// The longest number text the fast path reads.
+const MAX_NUMBER: usize = 64;
+
+/// The deepest nesting of a value the fast path hands to sonic-rs: it
+/// counts from the value, the general parser from the line, and both stop
+/// at sonic-rs's limit (255 levels).
+const MAX_DEPTH: usize = 200;
 
 /// Bytes that end a string's plain run: the quote, an escape, and the
 /// control characters JSON does not allow in a string.
@@ -229,12 +248,14 @@ impl<'a> Cursor<'a> {
         self.rest().starts_with(lit).then(|| self.at += lit.len())
     }
 
-    /// Steps over `"name":` if the line goes on with it (a name that
-    /// serde_json would escape never matches: it is looked up instead).
+    /// Steps over `"name":` if the line goes on with it. A name that
+    /// needs escaping never matches (raw, it would be invalid JSON; escaped,
+    /// it is not these bytes).
     fn eat_name(&mut self, name: &str) -> Option<()> {
         let rest = self.rest();
         let n = name.len();
-        (rest.len() > n + 2
+        (!name.bytes().any(|b| STRING_STOP[b as usize])
+            && rest.len() > n + 2
             && rest[0] == b'"'
             && &rest[1..=n] == name.as_bytes()
             && rest[n + 1] == b'"'
@@ -259,7 +280,9 @@ impl<'a> Cursor<'a> {
     }
 
     /// A number's text, as JSON's grammar has it, and whether it is an
-    /// integer (no fraction, no exponent).
+    /// integer (no fraction, no exponent). Not one longer than
+    /// [`MAX_NUMBER`]: sonic-rs caps the exponents it reads, so its value of
+    /// a text that long may not be the exact one read here.
     fn number(&mut self) -> Option<(&'a str, bool)> {
         let b = self.rest();
         let digits = |mut i: usize| {
@@ -293,6 +316,9 @@ impl<'a> Cursor<'a> {
             }
             i = end;
         }
+        if i > MAX_NUMBER {
+            return None;
+        }
         let start = self.at;
         self.at += i;
         Some((&self.s[start..start + i], int))
@@ -321,7 +347,12 @@ impl<'a> Cursor<'a> {
                             i = string_end(i)?;
                             continue;
                         }
-                        b'{' | b'[' => depth += 1,
+                        b'{' | b'[' => {
+                            depth += 1;
+                            if depth > MAX_DEPTH {
+                                return None;
+                            }
+                        }
                         b'}' | b']' => {
                             depth -= 1;
                             if depth == 0 {

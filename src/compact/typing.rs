@@ -531,7 +531,7 @@ pub fn parse_decimal(text: &str, precision: u8, scale: i8) -> Option<i128> {
     if shift >= 0 {
         unscaled = unscaled.checked_mul(10i128.checked_pow(shift as u32)?)?;
     } else {
-        let div = 10i128.checked_pow((-shift) as u32)?;
+        let div = 10i128.checked_pow(shift.checked_neg()? as u32)?;
         if unscaled % div != 0 {
             return None;
         }
@@ -703,6 +703,7 @@ mod tests {
         // An exponent out of range is no number, not an overflow.
         assert_eq!(parse_decimal("1e2147483647", 10, 2), None);
         assert_eq!(parse_decimal("1e-2147483648", 10, 2), None);
+        assert_eq!(parse_decimal("1e-2147483648", 10, 0), None);
     }
 
     #[test]
