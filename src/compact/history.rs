@@ -700,6 +700,14 @@ mod tests {
         got.bytes().await.unwrap()
     }
 
+    /// A local output in memory.
+    fn memory_output() -> Output {
+        Output {
+            store: Arc::new(InMemory::new()),
+            parts: None,
+        }
+    }
+
     /// A history file of `public.t` named `h.parquet` on `output`, with
     /// compact's default properties.
     fn test_file(output: &Output) -> HistoryFile {
@@ -728,10 +736,7 @@ mod tests {
     /// transaction's changes, keep theirs.
     #[tokio::test]
     async fn columns_that_rarely_repeat_are_written_without_a_dictionary() {
-        let output = Output {
-            store: Arc::new(InMemory::new()),
-            parts: None,
-        };
+        let output = memory_output();
         let mut file = test_file(&output);
         for seq in 1..=20_000u64 {
             let mut change = insert(seq, Cell::Str(format!("status {}", seq % 7).into()));
@@ -759,21 +764,7 @@ mod tests {
         assert!(dictionary("_lsn"));
         assert!(dictionary("_op"));
         // Under a thousand rows nothing is judged: parquet's defaults.
-        let few: Vec<Arc<TypedChange>> = (1..=999)
-            .map(|seq| {
-                Arc::new(TypedChange {
-                    op_name: "insert",
-                    op: ChangeOp::Upsert,
-                    seq,
-                    lsn: format!("0/{seq:X}").into(),
-                    key: None,
-                    old_key: None,
-                    cells: vec![Cell::Int(seq as i64), Cell::Null],
-                    old: None,
-                    unchanged: None,
-                })
-            })
-            .collect();
+        let few: Vec<Arc<TypedChange>> = (1..=999).map(|seq| insert(seq, Cell::Null)).collect();
         let shape = TableShape::test_t();
         let props = writer_properties(&crate::config::CompactConfig::default());
         let columns = history_columns(&shape, &few);
@@ -786,10 +777,7 @@ mod tests {
     /// handed to encoding while the spool wanted them.
     #[tokio::test]
     async fn each_buffers_spool_rows_come_back_once_in_order() {
-        let output = Output {
-            store: Arc::new(InMemory::new()),
-            parts: None,
-        };
+        let output = memory_output();
         let mut file = test_file(&output);
         let n = 3 * BATCH_ROWS as u64 + 100;
         let mut buffers = Vec::new();
@@ -853,10 +841,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_file_of_several_buffers_holds_every_change_once_in_order() {
-        let output = Output {
-            store: Arc::new(InMemory::new()),
-            parts: None,
-        };
+        let output = memory_output();
         // Past two full buffers: the second waits for the first's encoder.
         let n = 2 * BATCH_ROWS as u64 + 1;
         let (seqs, _) = write_and_read(&output, n, 8).await;
