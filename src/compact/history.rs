@@ -455,33 +455,65 @@ type Rows = Vec<Arc<TypedChange>>;
 /// change and opened with its first buffer (whose values choose the
 /// dictionaries, see [`dictionaries_for`]).
 ///
-/// A full buffer of rows is converted and encoded (Parquet, zstd: a fifth
+/// A full buffer of rows is converted and encoded (Parquet, zstd: a third
 /// of compact's CPU) on a task of its own while the next buffer fills, so
-/// encoding runs beside the parse and the spool; at most one buffer is
-/// being encoded, so memory holds two buffers (and the spool rows of the
-/// one encoded last, until the next buffer is handed over).
+/// encoding runs beside the parse and the spool. Up to [`ENCODING_DEPTH`]
+/// buffers are on such tasks at once: a buffer is converted to Arrow (and
+/// to spool rows) while the one before it is still being written, and
+/// waits for that one's hand-off of the file only to write. With one task
+/// at a time, conversion and writing ran one after the other and the run
+/// left an eighth of its two cores idle (a single table's file is a chain
+/// the whole run waits on). Memory holds `ENCODING_DEPTH + 1` buffers and
+/// the spool rows of the buffers being encoded.
 ///
 /// For a table with a key whose spool takes them, the task also gives the
 /// buffer's rows for the latest view's spool ([`spool::change_rows`],
 /// built from the arrays just built, while in cache):
-/// [`HistoryFile::push`] and [`HistoryFile::finish`] hand them on.
+/// [`HistoryFile::push`] and [`HistoryFile::finish`] hand them on, buffer
+/// after buffer in seq order.
 pub struct HistoryFile {
     pub shape: Arc<TableShape>,
     schema: SchemaRef,
     /// The spool's schema of the table, when it has a key.
     spool: Option<SchemaRef>,
-    /// The file, unless the encoding task has it.
-    target: Option<Target>,
+    /// Where the next encoding task gets the file: the file itself before
+    /// the first task, then the last task's hand-off. `None` only after a
+    /// failure.
+    next: Option<Handoff>,
     /// Shared with the spool, which may hold the same changes.
     rows: Rows,
-    /// The buffer being encoded; gives back the file, the emptied buffer
-    /// and the buffer's spool rows.
-    encoding: Option<Task<Result<Encoded>>>,
+    /// The buffers being encoded, oldest first; each gives back its
+    /// emptied buffer and its spool rows.
+    encoding: VecDeque<Task<Result<Encoded>>>,
 }
 
-/// What encoding a buffer gives back: the file, the emptied buffer, and
-/// the buffer's rows for the spool (a table with a key).
-type Encoded = (Target, Rows, Option<spool::ChangeRows>);
+/// Buffers of one file being converted and written at once (see
+/// [`HistoryFile`]).
+const ENCODING_DEPTH: usize = 2;
+
+/// What encoding a buffer gives back: the emptied buffer, and the
+/// buffer's rows for the spool (a table with a key).
+type Encoded = (Rows, Option<spool::ChangeRows>);
+
+/// How an encoding task gets the file it writes to: at once (the first),
+/// or from the task before it, once that one has written its buffer.
+enum Handoff {
+    Ready(Target),
+    After(tokio::sync::oneshot::Receiver<Target>),
+}
+
+impl Handoff {
+    async fn take(self) -> Result<Target> {
+        match self {
+            Handoff::Ready(target) => Ok(target),
+            // The earlier task's own error is the one reported: tasks are
+            // joined in order.
+            Handoff::After(rx) => rx
+                .await
+                .map_err(|_| Error::bug("a history buffer's writer stopped before handing on")),
+        }
+    }
+}
 
 /// A history file, before or after its first buffer opens it. One per
 /// file, moved once per buffer of 8,192 rows: its size does not matter.
@@ -525,19 +557,19 @@ impl HistoryFile {
     ) -> Result<HistoryFile> {
         let schema = history_schema(&shape);
         Ok(HistoryFile {
-            target: Some(Target::Unopened(output.clone(), key, props)),
+            next: Some(Handoff::Ready(Target::Unopened(output.clone(), key, props))),
             spool: (!shape.key.is_empty()).then(|| spool::spool_schema(&shape)),
             shape,
             schema,
             rows: Vec::with_capacity(BATCH_ROWS),
-            encoding: None,
+            encoding: VecDeque::with_capacity(ENCODING_DEPTH),
         })
     }
 
-    /// Adds a change (in seq order); when a buffer's encoding ends, its
-    /// rows for the spool. `wants_rows` (asked when a full buffer goes to
-    /// encoding): whether the spool takes the table's rows from here (see
-    /// [`spool::Spool::takes_rows`]); if not, they are not built.
+    /// Adds a change (in seq order); when an earlier buffer's encoding
+    /// ends, its rows for the spool. `wants_rows` (asked when a full buffer
+    /// goes to encoding): whether the spool takes the table's rows from
+    /// here (see [`spool::Spool::takes_rows`]); if not, they are not built.
     pub async fn push(
         &mut self,
         change: Arc<TypedChange>,
@@ -550,17 +582,25 @@ impl HistoryFile {
         Ok(None)
     }
 
-    /// Hands the buffered rows to an encoding task, once the previous one
-    /// is done: that one's rows for the spool.
+    /// Hands the buffered rows to an encoding task, first waiting for the
+    /// oldest one if [`ENCODING_DEPTH`] are under way: that one's rows for
+    /// the spool.
     async fn flush(&mut self, wants_rows: bool) -> Result<Option<spool::ChangeRows>> {
         if self.rows.is_empty() {
             return Ok(None);
         }
-        let (target, spare, previous) = self.settle().await?;
+        let (spare, previous) = if self.encoding.len() >= ENCODING_DEPTH {
+            self.settle_oldest().await?
+        } else {
+            (Vec::with_capacity(BATCH_ROWS), None)
+        };
         let rows = std::mem::replace(&mut self.rows, spare);
+        let handoff = self.next.take().ok_or_else(|| self.failed())?;
+        let (handed, next) = tokio::sync::oneshot::channel();
+        self.next = Some(Handoff::After(next));
         let (shape, schema) = (Arc::clone(&self.shape), Arc::clone(&self.schema));
         let spool_schema = self.spool.clone().filter(|_| wants_rows);
-        self.encoding = Some(Task::spawn(async move {
+        self.encoding.push_back(Task::spawn(async move {
             let columns = history_columns(&shape, &rows);
             let spooled = match &spool_schema {
                 Some(s) => Some(spool::change_rows(&shape, s, &columns, &rows)?),
@@ -568,26 +608,32 @@ impl HistoryFile {
             };
             let mut rows = rows;
             rows.clear();
+            let target = handoff.take().await?;
             let mut file = target.open(&shape, &schema, Some(&columns))?;
             let batch = RecordBatch::try_new(schema, columns)
                 .map_err(|e| Error::bug(format!("cannot build a batch of {}: {e}", file.key)))?;
             file.write(&batch).await?;
-            Ok((Target::Open(file), rows, spooled))
+            // The next buffer's task waits for it (none if this was the last).
+            let _ = handed.send(Target::Open(file));
+            Ok((rows, spooled))
         }));
         Ok(previous)
     }
 
-    /// Waits for the encoding task, if any: the file, an empty buffer and
-    /// the spool rows of the buffer it encoded.
-    async fn settle(&mut self) -> Result<Encoded> {
-        match (self.encoding.take(), self.target.take()) {
-            (Some(task), _) => task.join("the history encoder").await?,
-            (None, Some(target)) => Ok((target, Vec::with_capacity(BATCH_ROWS), None)),
-            (None, None) => Err(Error::bug(format!(
-                "the history file of {} was used after it failed",
-                self.shape.table
-            ))),
+    /// Waits for the oldest encoding task: its emptied buffer and the spool
+    /// rows of the buffer it encoded.
+    async fn settle_oldest(&mut self) -> Result<Encoded> {
+        match self.encoding.pop_front() {
+            Some(task) => task.join("the history encoder").await?,
+            None => Err(Error::bug("no history buffer is being encoded")),
         }
+    }
+
+    fn failed(&self) -> Error {
+        Error::bug(format!(
+            "the history file of {} was used after it failed",
+            self.shape.table
+        ))
     }
 
     /// Writes what is buffered and completes the file: (key, rows, bytes,
@@ -597,13 +643,20 @@ impl HistoryFile {
         mut self,
         wants_rows: bool,
     ) -> Result<(String, u64, u64, Vec<spool::ChangeRows>)> {
-        let before = self.flush(wants_rows).await?;
-        let (target, _, last) = self.settle().await?;
-        let file = target.open(&self.shape, &self.schema, None)?;
+        let mut spooled: Vec<spool::ChangeRows> =
+            self.flush(wants_rows).await?.into_iter().collect();
+        while !self.encoding.is_empty() {
+            spooled.extend(self.settle_oldest().await?.1);
+        }
+        let handoff = self.next.take().ok_or_else(|| self.failed())?;
+        let file = handoff
+            .take()
+            .await?
+            .open(&self.shape, &self.schema, None)?;
         let key = file.key.clone();
         let rows = file.rows;
         let bytes = file.finish().await?;
-        Ok((key, rows, bytes, before.into_iter().chain(last).collect()))
+        Ok((key, rows, bytes, spooled))
     }
 }
 
@@ -830,7 +883,8 @@ mod tests {
         }
         let (_, rows, _, last) = file.finish(true).await.unwrap();
         assert_eq!(rows, n);
-        assert_eq!(last.len(), 2, "the last full buffer's and the rest's");
+        // The full buffers still being encoded, and the rest's.
+        assert_eq!(last.len(), ENCODING_DEPTH + 1);
         buffers.extend(last);
         let seqs: Vec<Vec<u64>> = buffers
             .iter()
