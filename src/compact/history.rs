@@ -497,6 +497,8 @@ type Encoded = (Rows, Option<spool::ChangeRows>);
 
 /// How an encoding task gets the file it writes to: at once (the first),
 /// or from the task before it, once that one has written its buffer.
+/// Made once per buffer of 8,192 rows: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Handoff {
     Ready(Target),
     After(tokio::sync::oneshot::Receiver<Target>),
