@@ -830,15 +830,14 @@ mod tests {
         let bytes = stored(&output, &key).await;
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).unwrap();
         let group = reader.metadata().row_group(0);
-        let dictionary = |name: &str| {
+        let column = |name: &str| {
             group
                 .columns()
                 .iter()
                 .find(|c| c.column_path().string() == name)
                 .unwrap()
-                .dictionary_page_offset()
-                .is_some()
         };
+        let dictionary = |name: &str| column(name).dictionary_page_offset().is_some();
         assert!(!dictionary("id"));
         assert!(!dictionary("_seq"));
         assert!(dictionary("doc"));
@@ -847,11 +846,7 @@ mod tests {
         // Integers without a dictionary are delta-encoded (ids, seqs); a
         // text column never is.
         let delta = |name: &str| {
-            group
-                .columns()
-                .iter()
-                .find(|c| c.column_path().string() == name)
-                .unwrap()
+            column(name)
                 .encodings()
                 .any(|e| e == Encoding::DELTA_BINARY_PACKED)
         };
