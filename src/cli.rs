@@ -158,7 +158,7 @@ const MI_DEFAULT_PURGE_DELAY: std::ffi::c_long = 1000;
 /// profile. Measured on the 5,000,000-change benchmark (this setting or
 /// `MIMALLOC_PURGE_DELAY=-1`, alternated with the default): faster in 10
 /// of 14 pairs on this noisy VM; the last five, wall 8.1 -> 7.2 s and CPU
-/// 14.2 -> 13.2 s on average; peak RSS about 10% more (what a run holds
+/// 14.2 -> 13.2 s on average; peak RSS 10-20% more (what a run holds
 /// at its peak stays its own until it ends, which is soon). A
 /// `MIMALLOC_PURGE_DELAY` the user set wins; so does an allocator whose
 /// option 15 is not the purge delay (another mimalloc version).
