@@ -406,7 +406,14 @@ async fn console_shows_first_changes_and_a_parked_batch_and_its_replay_button_de
         p4[5],
         "replayed under the key it was parked with"
     );
-    assert_eq!(w.parked_counts(), (0, 0));
+    // The object is visible a moment before its row leaves the parked
+    // table (PUT, then unpark): wait for the state too.
+    eventually(
+        Duration::from_secs(10),
+        "an empty parked table after the replay",
+        async || w.parked_counts() == (0, 0),
+    )
+    .await;
     page.wait_for(
         "document.querySelectorAll('#parked tr.batch').length === 0 \
          && document.getElementById('parked').textContent.includes('no parked batches')",
@@ -590,7 +597,14 @@ async fn console_api_refuses_cross_site_requests_and_shows_no_secret() {
         async || archived_seqs(&prefix).await == [1, 2, 3],
     )
     .await;
-    assert_eq!(w.parked_counts(), (0, 0));
+    // The object is visible a moment before its row leaves the parked
+    // table (PUT, then unpark): wait for the state too.
+    eventually(
+        Duration::from_secs(10),
+        "an empty parked table after the replay",
+        async || w.parked_counts() == (0, 0),
+    )
+    .await;
     let (code, _, _) = http(&addr, "POST", replay2, &[("X-Waltail", "1")]);
     assert_eq!(code, 404, "delivered: nothing left to replay");
     w.stop();
