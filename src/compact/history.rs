@@ -25,7 +25,7 @@ use object_store::{MultipartId, ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::AsyncArrowWriter;
 use parquet::arrow::async_writer::AsyncFileWriter;
 use parquet::basic::{Encoding, GzipLevel, ZstdLevel};
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
 use super::Task;
@@ -558,6 +558,7 @@ impl HistoryFile {
         props: WriterProperties,
     ) -> Result<HistoryFile> {
         let schema = history_schema(&shape);
+        let props = history_properties(props);
         Ok(HistoryFile {
             next: Some(Handoff::Ready(Target::Unopened(output.clone(), key, props))),
             spool: (!shape.key.is_empty()).then(|| spool::spool_schema(&shape)),
@@ -660,6 +661,23 @@ impl HistoryFile {
         let bytes = file.finish().await?;
         Ok((key, rows, bytes, spooled))
     }
+}
+
+/// `props` (shared with the latest view) for a history file: no
+/// statistics for `_key` and `_old`.
+///
+/// Why: a history file is in seq order, so every row group's keys span
+/// about the table's whole range and their min and max prune nothing; and
+/// `_old` is JSON, whose text order means nothing. Comparing each value
+/// with the running min and max was about 3% of compact's CPU. The latest
+/// view, ordered by key, keeps them for `_key`.
+fn history_properties(props: WriterProperties) -> WriterProperties {
+    let mut builder = props.into_builder();
+    for column in ["_key", "_old"] {
+        builder = builder
+            .set_column_statistics_enabled(ColumnPath::from(column), EnabledStatistics::None);
+    }
+    builder.build()
 }
 
 /// Rows of a first buffer from which a column's values are judged.
@@ -814,7 +832,8 @@ mod tests {
 
     /// A column whose values nearly never repeat is written without a
     /// dictionary; one whose values repeat, and `_lsn` shared by a
-    /// transaction's changes, keep theirs.
+    /// transaction's changes, keep theirs. `_key` and `_old` have no
+    /// statistics.
     #[tokio::test]
     async fn columns_that_rarely_repeat_are_written_without_a_dictionary() {
         let output = memory_output();
@@ -854,6 +873,14 @@ mod tests {
         assert!(delta("_seq"));
         assert!(!delta("doc"));
         assert!(!delta("_key"));
+        // Min and max where they can prune: not for `_key` (seq order) or
+        // `_old` (JSON).
+        let statistics = |name: &str| column(name).statistics().is_some();
+        assert!(statistics("id"));
+        assert!(statistics("_seq"));
+        assert!(statistics("_lsn"));
+        assert!(!statistics("_key"));
+        assert!(!statistics("_old"));
         // Under a thousand rows nothing is judged: parquet's defaults.
         let few: Vec<Arc<TypedChange>> = (1..=999).map(|seq| insert(seq, Cell::Null)).collect();
         let shape = TableShape::test_t();
