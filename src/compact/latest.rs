@@ -27,10 +27,12 @@
 //! merged from (the previous generation's, a round's spooled ones), and a
 //! row is where its values are (a source and a row; per column when an
 //! upsert left columns out). Applying a change is a hash lookup; values
-//! are copied once, gathered (`interleave`) into the batches written. When
-//! the sources hold mostly superseded versions, the rows' values are
-//! gathered into one source and the others let go of (see
-//! [`SQUEEZE_RATIO`]), so a bucket's memory follows its rows. Building a
+//! are copied once, gathered (`interleave`) into the batches written. The
+//! sources stay whole until then, superseded versions too: the bucket
+//! count sizes a bucket for every version the run brings (see
+//! `compact::bucket_count`). Gathering a view's rows into a new source
+//! after each spool round, to hold less, was 8% of compact's CPU on the
+//! benchmark (merge phase 1.5 -> 1.2 s without). Building a
 //! value per row instead (read back, moved into the map, converted back to
 //! Arrow) made the merge 2.5 times slower.
 
@@ -79,12 +81,6 @@ struct Source {
     lsns: ArrayRef,
 }
 
-impl Source {
-    fn rows(&self) -> usize {
-        self.seqs.len()
-    }
-}
-
 /// One current row: where its version is (`at`: its seq, LSN and values)
 /// and, when that version left columns out (unchanged TOAST), where each
 /// column's value is.
@@ -100,21 +96,10 @@ impl Row {
     }
 }
 
-/// A view's rows once the sources hold this many times the view's rows
-/// (superseded versions) and at least [`SQUEEZE_ROWS`], checked after each
-/// spool round but the last and after loading: its values are then copied into new
-/// sources and the old ones let go of, so a bucket's memory follows its
-/// rows, not its changes.
-const SQUEEZE_RATIO: usize = 2;
-/// A few rows in unit tests, so that merges of a few changes squeeze too.
-const SQUEEZE_ROWS: usize = if cfg!(test) { 8 } else { 1 << 16 };
-
 /// A table's latest rows, being merged.
 pub struct LatestView {
     pub shape: Arc<TableShape>,
     sources: Vec<Source>,
-    /// The rows of every source.
-    source_rows: usize,
     rows: HashMap<CompactString, Row, foldhash::fast::RandomState>,
 }
 
@@ -148,7 +133,6 @@ impl LatestView {
         LatestView {
             shape,
             sources: vec![nulls],
-            source_rows: 1,
             rows: HashMap::default(),
         }
     }
@@ -199,7 +183,6 @@ impl LatestView {
             let batch = batch.map_err(df_error)?;
             view.absorb(&batch, bucket, buckets)?;
         }
-        view.squeeze()?;
         Ok(view)
     }
 
@@ -279,7 +262,6 @@ impl LatestView {
 
     /// Adds a source; its index.
     fn add(&mut self, source: Source) -> u32 {
-        self.source_rows += source.rows();
         self.sources.push(source);
         (self.sources.len() - 1) as u32
     }
@@ -411,34 +393,6 @@ impl LatestView {
 
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
-    }
-
-    /// Copies the rows' values into new sources and lets go of the old ones
-    /// when they hold mostly superseded versions (see [`SQUEEZE_RATIO`]).
-    fn squeeze(&mut self) -> Result<()> {
-        if self.source_rows < SQUEEZE_ROWS.max(SQUEEZE_RATIO * self.rows.len()) {
-            return Ok(());
-        }
-        let rows: Vec<&Row> = self.rows.values().collect();
-        let mut view = LatestView::empty(Arc::clone(&self.shape));
-        // In batches of the size written: a gathered text column of one
-        // batch stays far from Arrow's 2 GiB per array.
-        let mut first = Vec::new();
-        for chunk in rows.chunks(BATCH_ROWS) {
-            first.push(view.add(self.gather(chunk)?));
-        }
-        view.rows = std::mem::take(&mut self.rows);
-        for (i, row) in view.rows.values_mut().enumerate() {
-            *row = Row {
-                at: Loc {
-                    src: first[i / BATCH_ROWS],
-                    row: (i % BATCH_ROWS) as u32,
-                },
-                columns: None,
-            };
-        }
-        *self = view;
-        Ok(())
     }
 
     /// The values, seqs and LSNs of `rows`, in that order, as one source.
@@ -648,8 +602,7 @@ pub async fn merge_bucket(
     let mut view =
         LatestView::load_bucket(&input.ctx, Arc::clone(&input.shape), &files, bucket, n).await?;
     let table = &input.shape.table;
-    let rounds = input.spool.rounds(table);
-    for (round, file) in rounds.iter().enumerate() {
+    for file in input.spool.rounds(table) {
         let batches = input.spool.read_round(table, file, bucket, n)?;
         // The round's rows in seq order: (seq, batch, row). Stable: a
         // truncate written to several partitions of the bucket stays where
@@ -717,12 +670,6 @@ pub async fn merge_bucket(
                 _ => None,
             };
             view.apply_at(op, key, old_key, at, absent, moved_in);
-        }
-        // Not after the last round: the view is written (or read) next,
-        // which gathers its rows anyway. Squeezing first copied every value
-        // twice (5% of compact's CPU) and held both copies at once.
-        if round + 1 < rounds.len() {
-            view.squeeze()?;
         }
     }
     Ok(view)
@@ -810,47 +757,6 @@ mod tests {
         v.apply(change(ChangeOp::Upsert, 5, 3, Cell::Absent, Some(8)));
         assert_eq!(doc(&v, 3), Some(Cell::Null));
         assert_eq!(v.len(), 2);
-    }
-
-    /// Once the sources hold mostly superseded versions the view copies
-    /// its rows' values into one source: memory follows the rows, and
-    /// every value (a carried TOAST column too) and seq stays what it was.
-    #[test]
-    fn a_view_of_mostly_superseded_versions_keeps_only_its_rows_values() {
-        let mut v = view();
-        let versions = SQUEEZE_ROWS as u64 + 100;
-        for seq in 1..=versions {
-            let id = (seq % 10) as i64;
-            // Every key's doc is set once, then left out (unchanged TOAST).
-            let doc = if seq <= 10 {
-                Cell::Str(format!("big {id}").into())
-            } else {
-                Cell::Absent
-            };
-            v.apply(change(ChangeOp::Upsert, seq, id, doc, None));
-        }
-        assert_eq!(v.source_rows, versions as usize + 1);
-        let before: Vec<(Option<Cell>, u64)> =
-            (0..10).map(|id| (doc(&v, id), seq(&v, id))).collect();
-        v.squeeze().unwrap();
-        assert_eq!(v.sources.len(), 2, "the row of nulls and the rows");
-        assert_eq!(v.source_rows, 1 + 10);
-        let after: Vec<(Option<Cell>, u64)> =
-            (0..10).map(|id| (doc(&v, id), seq(&v, id))).collect();
-        assert_eq!(after, before);
-        let last = (1..=versions).filter(|s| s % 10 == 3).max().unwrap();
-        assert_eq!(after[3], (Some(Cell::Str("big 3".into())), last));
-        // Below the threshold nothing is copied.
-        v.apply(change(
-            ChangeOp::Upsert,
-            versions + 1,
-            1,
-            Cell::Absent,
-            None,
-        ));
-        v.squeeze().unwrap();
-        assert_eq!(v.sources.len(), 3);
-        assert_eq!(doc(&v, 1), Some(Cell::Str("big 1".into())));
     }
 
     #[test]
