@@ -102,6 +102,9 @@ pub struct BackfillConfig {
 pub struct CompactConfig {
     /// `compact.compression`: zstd, snappy, gzip or none.
     pub compression: Compression,
+    /// `compact.compression_level`: zstd's (1-22) or gzip's (0-9); `None`:
+    /// the codec's default here (zstd 3, gzip 6).
+    pub compression_level: Option<u32>,
     /// `compact.row_group_rows`.
     pub row_group_rows: usize,
     /// `compact.file_bytes`: NDJSON input bytes per history file at most,
@@ -116,6 +119,7 @@ impl Default for CompactConfig {
     fn default() -> Self {
         CompactConfig {
             compression: Compression::Zstd,
+            compression_level: None,
             row_group_rows: DEFAULT_COMPACT_ROW_GROUP_ROWS,
             file_bytes: DEFAULT_COMPACT_FILE_BYTES,
             merge_bytes: DEFAULT_COMPACT_MERGE_BYTES,
@@ -392,6 +396,7 @@ struct RawBackfill {
 #[serde(deny_unknown_fields)]
 struct RawCompact {
     compression: Option<String>,
+    compression_level: Option<i64>,
     row_group_rows: Option<i64>,
     file_bytes: Option<i64>,
     merge_bytes: Option<i64>,
@@ -480,6 +485,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("backfill", "chunk_size", Kind::Int),
     ("backfill", "batch_size", Kind::Int),
     ("compact", "compression", Kind::Str),
+    ("compact", "compression_level", Kind::Int),
     ("compact", "row_group_rows", Kind::Int),
     ("compact", "file_bytes", Kind::Int),
     ("compact", "merge_bytes", Kind::Int),
@@ -937,8 +943,31 @@ fn compact(c: RawCompact) -> Result<CompactConfig> {
             )));
         }
     };
+    // The levels each codec takes (parquet's ranges): a level out of range
+    // or for a codec without levels is refused here, not at the first file.
+    let compression_level = match (compression, c.compression_level) {
+        (_, None) => None,
+        (Compression::Zstd, Some(l @ 1..=22)) | (Compression::Gzip, Some(l @ 0..=9)) => {
+            Some(l as u32)
+        }
+        (Compression::Zstd | Compression::Gzip, Some(l)) => {
+            let (name, range) = match compression {
+                Compression::Zstd => ("zstd", "1 (fastest) to 22 (smallest)"),
+                _ => ("gzip", "0 (none) to 9 (smallest)"),
+            };
+            return Err(Error::config(format!(
+                "compact.compression_level = {l}: {name} takes {range}"
+            )));
+        }
+        (_, Some(l)) => {
+            return Err(Error::config(format!(
+                "compact.compression_level = {l}: only zstd and gzip have levels; remove the key or set compact.compression to zstd or gzip"
+            )));
+        }
+    };
     Ok(CompactConfig {
         compression,
+        compression_level,
         row_group_rows: positive(
             "compact.row_group_rows",
             c.row_group_rows,
@@ -1179,6 +1208,32 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("telemetry.slot_lag_warn_bytes"), "{err}");
+    }
+
+    #[test]
+    fn compression_levels_are_checked_against_their_codec() {
+        let level = |text: &str, vars: &[(&str, &str)]| {
+            load(&format!("{MINIMAL}\n[compact]\n{text}\n"), vars)
+                .map(|c| c.compact.compression_level)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(level("", &[]), Ok(None));
+        assert_eq!(level("compression_level = 1", &[]), Ok(Some(1)));
+        assert_eq!(level("compression_level = 22", &[]), Ok(Some(22)));
+        assert_eq!(
+            level("", &[("WALTAIL_COMPACT_COMPRESSION_LEVEL", "9")]),
+            Ok(Some(9))
+        );
+        assert_eq!(
+            level("compression = \"gzip\"\ncompression_level = 0", &[]),
+            Ok(Some(0))
+        );
+        let err = level("compression_level = 23", &[]).unwrap_err();
+        assert!(err.contains("zstd takes 1 (fastest) to 22"), "{err}");
+        let err = level("compression = \"gzip\"\ncompression_level = 10", &[]).unwrap_err();
+        assert!(err.contains("gzip takes 0 (none) to 9"), "{err}");
+        let err = level("compression = \"snappy\"\ncompression_level = 3", &[]).unwrap_err();
+        assert!(err.contains("only zstd and gzip have levels"), "{err}");
     }
 
     #[test]

@@ -42,12 +42,18 @@ const BATCH_ROWS: usize = 8192;
 
 /// The writer properties of every file compact writes.
 pub fn writer_properties(config: &CompactConfig) -> WriterProperties {
+    // The level was checked against each codec's range with the config.
+    let level = config.compression_level;
     let compression = match config.compression {
-        Compression::Zstd => {
-            parquet::basic::Compression::ZSTD(ZstdLevel::try_new(3).expect("a valid level"))
-        }
+        Compression::Zstd => parquet::basic::Compression::ZSTD(
+            ZstdLevel::try_new(level.map_or(3, |l| l as i32)).expect("a checked level"),
+        ),
         Compression::Snappy => parquet::basic::Compression::SNAPPY,
-        Compression::Gzip => parquet::basic::Compression::GZIP(GzipLevel::default()),
+        Compression::Gzip => {
+            parquet::basic::Compression::GZIP(level.map_or_else(GzipLevel::default, |l| {
+                GzipLevel::try_new(l).expect("a checked level")
+            }))
+        }
         Compression::None => parquet::basic::Compression::UNCOMPRESSED,
     };
     let mut builder = WriterProperties::builder()
@@ -828,6 +834,28 @@ mod tests {
             old: None,
             unchanged: None,
         })
+    }
+
+    /// The configured level reaches the codec; without one, zstd's is 3.
+    #[test]
+    fn the_compression_level_is_the_configured_one() {
+        use crate::config::CompactConfig;
+        use parquet::basic::Compression as Codec;
+        let codec =
+            |config: CompactConfig| writer_properties(&config).compression(&ColumnPath::from("id"));
+        let zstd = |l| Codec::ZSTD(ZstdLevel::try_new(l).unwrap());
+        assert_eq!(codec(CompactConfig::default()), zstd(3));
+        let level = |l| CompactConfig {
+            compression_level: Some(l),
+            ..CompactConfig::default()
+        };
+        assert_eq!(codec(level(1)), zstd(1));
+        assert_eq!(codec(level(19)), zstd(19));
+        let gzip = CompactConfig {
+            compression: Compression::Gzip,
+            ..level(9)
+        };
+        assert_eq!(codec(gzip), Codec::GZIP(GzipLevel::try_new(9).unwrap()));
     }
 
     /// A column whose values nearly never repeat is written without a
