@@ -507,6 +507,14 @@ async fn a_local_folder_archive_compacts_in_place() {
     let (status, _, stderr) = w.output(&["compact", "public.nope"]);
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("public.nope"), "{stderr}");
+    // A level for a codec without levels is refused, saying what to do.
+    w.set("WALTAIL_COMPACT_COMPRESSION_LEVEL", "3");
+    let (status, _, stderr) = w.output(&["compact"]);
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("only zstd and gzip have levels"),
+        "{stderr}"
+    );
     w.stop();
     db.drop_db().await;
 }
