@@ -140,7 +140,6 @@ pub enum ParkedCommand {
     },
 }
 
-/// Exit codes: 0 success, 1 a check or the pipeline failed, 2 bad configuration.
 /// mimalloc's `mi_option_purge_delay`, by its place in `mi_option_t` of the
 /// mimalloc 3 header that libmimalloc-sys 0.1.49 builds (the crate leaves
 /// the option out of its constants); a test checks it reads the option's
@@ -175,6 +174,7 @@ fn keep_freed_memory() {
     }
 }
 
+/// Exit codes: 0 success, 1 a check or the pipeline failed, 2 bad configuration.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // These need no configuration.

@@ -40,13 +40,17 @@ use crate::{Error, Result};
 /// small, large enough for Arrow's per-batch costs not to matter.
 const BATCH_ROWS: usize = 8192;
 
+/// zstd's level without `compact.compression_level`: zstd's own default,
+/// and DuckDB's.
+const ZSTD_LEVEL: i32 = 3;
+
 /// The writer properties of every file compact writes.
 pub fn writer_properties(config: &CompactConfig) -> WriterProperties {
     // The level was checked against each codec's range with the config.
     let level = config.compression_level;
     let compression = match config.compression {
         Compression::Zstd => parquet::basic::Compression::ZSTD(
-            ZstdLevel::try_new(level.map_or(3, |l| l as i32)).expect("a checked level"),
+            ZstdLevel::try_new(level.map_or(ZSTD_LEVEL, |l| l as i32)).expect("a checked level"),
         ),
         Compression::Snappy => parquet::basic::Compression::SNAPPY,
         Compression::Gzip => {
