@@ -16,7 +16,8 @@
 //!   changes into Arrow arrays plus their encoding as one zstd Parquet row
 //!   group (the writer properties compact uses), into memory.
 //! * `compact_history/spool_rows`: `spool::change_rows` of the same 8,192
-//!   changes given their history arrays: the latest view's spool rows the
+//!   changes given their batch (`columns::change_batch`, as the archive
+//!   reader builds it): the latest view's spool rows the
 //!   history's encoding task builds and orders by partition for a table
 //!   spooled change by change.
 //! * `compact_merge/spooled_rows`: `latest::merge_bucket` of 65,536 spooled
@@ -33,6 +34,7 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use parquet::arrow::ArrowWriter;
+use waltail::compact::columns::change_batch;
 use waltail::compact::history::{history_columns, history_schema, writer_properties};
 use waltail::compact::latest::{MergeInput, merge_bucket};
 use waltail::compact::read::{Shapes, TypedChange, type_line};
@@ -167,11 +169,11 @@ fn bench_history(c: &mut Criterion) {
             black_box(out.len())
         })
     });
-    let columns = history_columns(&shape, &changes);
+    let batch = change_batch(&shape, &changes);
     let spool_schema = spool::spool_schema(&shape);
     g.bench_function("spool_rows", |b| {
         b.iter(|| {
-            let rows = spool::change_rows(&shape, &spool_schema, &columns, &changes);
+            let rows = spool::change_rows(&shape, &spool_schema, &batch);
             black_box(rows.expect("spool rows"))
         })
     });

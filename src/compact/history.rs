@@ -13,7 +13,7 @@ use std::borrow::Borrow;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
+use arrow::array::{Array, ArrayRef, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use bytes::{Bytes, BytesMut};
 use datafusion::common::hash_utils::create_hashes_with_hasher;
@@ -29,15 +29,17 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
 use super::Task;
+use super::columns::{ChangeBatch, change_batch};
 use super::read::TypedChange;
 use super::spool;
-use super::typing::{TableShape, build_array};
+use super::typing::TableShape;
 use crate::config::{CompactConfig, Compression};
 use crate::sink::layout::key_segment;
 use crate::{Error, Result};
 
-/// Rows converted to Arrow at a time: small enough to keep the row buffer
-/// small, large enough for Arrow's per-batch costs not to matter.
+/// Changes written at a time: the batches of small objects are joined up
+/// to this many, so Arrow's and Parquet's per-batch costs do not matter;
+/// an object's batch of more is written as it is.
 const BATCH_ROWS: usize = 8192;
 
 /// zstd's level without `compact.compression_level`: zstd's own default,
@@ -458,8 +460,8 @@ pub fn parquet_error(key: &str, e: parquet::errors::ParquetError) -> Error {
     }
 }
 
-/// A buffer of changes to write.
-type Rows = Vec<Arc<TypedChange>>;
+/// A buffer of changes to write: the batches of consecutive objects.
+type Rows = Vec<ChangeBatch>;
 
 /// One table's history file of a planned group, created at its first
 /// change and opened with its first buffer (whose values choose the
@@ -490,8 +492,9 @@ pub struct HistoryFile {
     /// the first task, then the last task's hand-off. `None` only after a
     /// failure.
     next: Option<Handoff>,
-    /// Shared with the spool, which may hold the same changes.
     rows: Rows,
+    /// The changes in `rows`.
+    buffered: usize,
     /// The buffers being encoded, oldest first; each gives back its
     /// emptied buffer and its spool rows.
     encoding: VecDeque<Task<Result<Encoded>>>,
@@ -501,9 +504,9 @@ pub struct HistoryFile {
 /// [`HistoryFile`]).
 const ENCODING_DEPTH: usize = 2;
 
-/// What encoding a buffer gives back: the emptied buffer, and the
-/// buffer's rows for the spool (a table with a key).
-type Encoded = (Rows, Option<spool::ChangeRows>);
+/// What encoding a buffer gives back: the buffer's rows for the spool (a
+/// table with a key that takes them).
+type Encoded = Option<spool::ChangeRows>;
 
 /// How an encoding task gets the file it writes to: at once (the first),
 /// or from the task before it, once that one has written its buffer.
@@ -574,22 +577,25 @@ impl HistoryFile {
             spool: (!shape.key.is_empty()).then(|| spool::spool_schema(&shape)),
             shape,
             schema,
-            rows: Vec::with_capacity(BATCH_ROWS),
+            rows: Vec::new(),
+            buffered: 0,
             encoding: VecDeque::with_capacity(ENCODING_DEPTH),
         })
     }
 
-    /// Adds a change (in seq order); when an earlier buffer's encoding
-    /// ends, its rows for the spool. `wants_rows` (asked when a full buffer
-    /// goes to encoding): whether the spool takes the table's rows from
-    /// here (see [`spool::Spool::takes_rows`]); if not, they are not built.
+    /// Adds a batch of changes (in seq order); when an earlier buffer's
+    /// encoding ends, its rows for the spool. `wants_rows` (asked when a
+    /// full buffer goes to encoding): whether the spool takes the table's
+    /// rows from here (see [`spool::Spool::takes_rows`]); if not, they are
+    /// not built.
     pub async fn push(
         &mut self,
-        change: Arc<TypedChange>,
+        changes: ChangeBatch,
         wants_rows: impl FnOnce() -> bool,
     ) -> Result<Option<spool::ChangeRows>> {
-        self.rows.push(change);
-        if self.rows.len() >= BATCH_ROWS {
+        self.buffered += changes.len();
+        self.rows.push(changes);
+        if self.buffered >= BATCH_ROWS {
             return self.flush(wants_rows()).await;
         }
         Ok(None)
@@ -602,25 +608,30 @@ impl HistoryFile {
         if self.rows.is_empty() {
             return Ok(None);
         }
-        let (spare, previous) = if self.encoding.len() >= ENCODING_DEPTH {
+        let previous = if self.encoding.len() >= ENCODING_DEPTH {
             self.settle_oldest().await?
         } else {
-            (Vec::with_capacity(BATCH_ROWS), None)
+            None
         };
-        let rows = std::mem::replace(&mut self.rows, spare);
+        let rows = std::mem::take(&mut self.rows);
+        self.buffered = 0;
         let handoff = self.next.take().ok_or_else(|| self.failed())?;
         let (handed, next) = tokio::sync::oneshot::channel();
         self.next = Some(Handoff::After(next));
         let (shape, schema) = (Arc::clone(&self.shape), Arc::clone(&self.schema));
         let spool_schema = self.spool.clone().filter(|_| wants_rows);
         self.encoding.push_back(Task::spawn(async move {
-            let columns = history_columns(&shape, &rows);
+            // One copy of the small objects' batches; an object of a
+            // buffer's size or more is written as it is.
+            let changes = ChangeBatch::concat(&rows).map_err(|e| {
+                Error::bug(format!("cannot join the changes of {}: {e}", shape.table))
+            })?;
+            drop(rows);
             let spooled = match &spool_schema {
-                Some(s) => Some(spool::change_rows(&shape, s, &columns, &rows)?),
+                Some(s) => Some(spool::change_rows(&shape, s, &changes)?),
                 None => None,
             };
-            let mut rows = rows;
-            rows.clear();
+            let columns = changes.history;
             let target = handoff.take().await?;
             let mut file = target.open(&shape, &schema, Some(&columns))?;
             let batch = RecordBatch::try_new(schema, columns)
@@ -628,13 +639,13 @@ impl HistoryFile {
             file.write(&batch).await?;
             // The next buffer's task waits for it (none if this was the last).
             let _ = handed.send(Target::Open(file));
-            Ok((rows, spooled))
+            Ok(spooled)
         }));
         Ok(previous)
     }
 
-    /// Waits for the oldest encoding task: its emptied buffer and the spool
-    /// rows of the buffer it encoded.
+    /// Waits for the oldest encoding task: the spool rows of the buffer it
+    /// encoded.
     async fn settle_oldest(&mut self) -> Result<Encoded> {
         match self.encoding.pop_front() {
             Some(task) => task.join("the history encoder").await?,
@@ -659,7 +670,7 @@ impl HistoryFile {
         let mut spooled: Vec<spool::ChangeRows> =
             self.flush(wants_rows).await?.into_iter().collect();
         while !self.encoding.is_empty() {
-            spooled.extend(self.settle_oldest().await?.1);
+            spooled.extend(self.settle_oldest().await?);
         }
         let handoff = self.next.take().ok_or_else(|| self.failed())?;
         let file = handoff
@@ -767,27 +778,10 @@ fn stored_as_integers(data_type: &DataType) -> bool {
 
 /// The history's columns (data, then `_op`, `_seq`, `_lsn`, `_key`, `_old`,
 /// `_unchanged`) of typed changes, as [`history_schema`] lays them out
-/// (compaction writes them; `query` reads its NDJSON tail into them).
+/// (`query` reads its NDJSON tail into them; compaction builds them as it
+/// parses, see [`super::columns`]).
 pub fn history_columns<R: Borrow<TypedChange>>(shape: &TableShape, rows: &[R]) -> Vec<ArrayRef> {
-    let rows: Vec<&TypedChange> = rows.iter().map(Borrow::borrow).collect();
-    let mut columns: Vec<ArrayRef> = shape
-        .columns
-        .iter()
-        .enumerate()
-        .map(|(i, c)| build_array(c.kind, rows.iter().map(|r| &r.cells[i])))
-        .collect();
-    let text = |f: &dyn Fn(&TypedChange) -> Option<&str>| -> ArrayRef {
-        Arc::new(rows.iter().map(|r| f(r)).collect::<StringArray>())
-    };
-    columns.push(text(&|r| Some(r.op_name)));
-    columns.push(Arc::new(
-        rows.iter().map(|r| r.seq as i64).collect::<Int64Array>(),
-    ));
-    columns.push(text(&|r| Some(r.lsn.as_str())));
-    columns.push(text(&|r| r.key.as_deref()));
-    columns.push(text(&|r| r.old.as_deref()));
-    columns.push(text(&|r| r.unchanged.as_deref()));
-    columns
+    change_batch(shape, rows).history
 }
 
 #[cfg(test)]
@@ -826,8 +820,8 @@ mod tests {
     }
 
     /// An insert of `public.t` at `seq` (key and id `seq`) with `doc`.
-    fn insert(seq: u64, doc: Cell) -> Arc<TypedChange> {
-        Arc::new(TypedChange {
+    fn insert(seq: u64, doc: Cell) -> TypedChange {
+        TypedChange {
             op_name: "insert",
             op: ChangeOp::Upsert,
             seq,
@@ -837,7 +831,13 @@ mod tests {
             cells: vec![Cell::Int(seq as i64), doc],
             old: None,
             unchanged: None,
-        })
+        }
+    }
+
+    /// A batch of one change of `public.t`, as the archive reader gives
+    /// an object's (the buffer joins them).
+    fn one(change: &TypedChange) -> ChangeBatch {
+        change_batch(&TableShape::test_t(), std::slice::from_ref(change))
     }
 
     /// The configured level reaches the codec; without one, zstd's is 3.
@@ -873,8 +873,8 @@ mod tests {
         for seq in 1..=20_000u64 {
             let mut change = insert(seq, Cell::Str(format!("status {}", seq % 7).into()));
             // Ten changes per transaction: their LSN repeats.
-            Arc::get_mut(&mut change).unwrap().lsn = format!("0/{:X}", seq / 10 * 64).into();
-            file.push(change, || false).await.unwrap();
+            change.lsn = format!("0/{:X}", seq / 10 * 64).into();
+            file.push(one(&change), || false).await.unwrap();
         }
         let (key, rows, _, _) = file.finish(false).await.unwrap();
         assert_eq!(rows, 20_000);
@@ -914,7 +914,7 @@ mod tests {
         assert!(!statistics("_key"));
         assert!(!statistics("_old"));
         // Under a thousand rows nothing is judged: parquet's defaults.
-        let few: Vec<Arc<TypedChange>> = (1..=999).map(|seq| insert(seq, Cell::Null)).collect();
+        let few: Vec<TypedChange> = (1..=999).map(|seq| insert(seq, Cell::Null)).collect();
         let shape = TableShape::test_t();
         let props = writer_properties(&crate::config::CompactConfig::default());
         let columns = history_columns(&shape, &few);
@@ -935,7 +935,7 @@ mod tests {
             let change = insert(seq, Cell::Null);
             // The first buffer goes to encoding while the spool combines.
             let wanted = seq > BATCH_ROWS as u64;
-            buffers.extend(file.push(change, || wanted).await.unwrap());
+            buffers.extend(file.push(one(&change), || wanted).await.unwrap());
         }
         let (_, rows, _, last) = file.finish(true).await.unwrap();
         assert_eq!(rows, n);
@@ -967,7 +967,7 @@ mod tests {
                 .take(doc_bytes)
                 .collect();
             docs.push(doc.clone());
-            file.push(insert(seq, Cell::Str(doc.into())), || false)
+            file.push(one(&insert(seq, Cell::Str(doc.into()))), || false)
                 .await
                 .unwrap();
         }

@@ -17,6 +17,7 @@
 //! run is completed by the next one under the same names, and why no change
 //! is compacted twice.
 
+pub mod columns;
 pub mod history;
 pub mod latest;
 pub mod listing;
@@ -255,11 +256,11 @@ async fn run(
     let ctx = session::session(Arc::clone(&store));
     let mut spool = spool::Spool::new(config.compact.merge_bytes)?;
     let shapes = Arc::new(shapes);
-    let mut objects = read_ahead(&store, &plan, &shapes);
     // By table index (see read::Shapes): no lookup by name per change.
-    let starts: Vec<u64> = (0..shapes.len())
+    let starts: Arc<[u64]> = (0..shapes.len())
         .map(|i| table_start(&manifest, &shapes.shape(i).table))
         .collect();
+    let mut objects = read_ahead(&store, &plan, &shapes, &starts);
     for file in &plan.files {
         let mut open: Vec<Option<HistoryFile>> = (0..shapes.len()).map(|_| None).collect();
         for object in &file.objects {
@@ -271,25 +272,23 @@ async fn run(
                     .unwrap_or_default()
                     .to_string(),
             );
-            let lines = objects
+            let parsed = objects
                 .recv()
                 .await
                 .unwrap_or_else(|| Err(Error::bug("the archive reader stopped early")))?;
-            for parsed in lines {
-                if parsed.seq < object.from_seq {
-                    // A repeat of a change compacted from an earlier object.
-                    summary.repeats += 1;
-                    continue;
-                }
-                let Some((table, change)) = parsed.change else {
-                    continue; // a table not compacted in this run
-                };
+            // Repeats of changes compacted from an earlier object.
+            summary.repeats += parsed.repeats;
+            for read::TableChanges { table, batch, rows } in parsed.tables {
                 let (shape, start) = (shapes.shape(table), starts[table]);
-                if change.seq < start {
-                    continue;
+                match rows {
+                    Some(rows) => {
+                        for change in rows {
+                            spool.push(shape, &Arc::new(change)).await?;
+                        }
+                    }
+                    None => spool.count(shape, &batch.counts)?,
                 }
-                let change = Arc::new(change);
-                spool.push(shape, &change).await?;
+                summary.changes += batch.len() as u64;
                 let hist = match &mut open[table] {
                     Some(hist) => hist,
                     slot @ None => {
@@ -305,10 +304,13 @@ async fn run(
                     }
                 };
                 let wants_rows = || spool.takes_rows(&shape.table);
-                if let Some(rows) = hist.push(change, wants_rows).await? {
+                if let Some(rows) = hist.push(batch, wants_rows).await? {
                     spool.push_rows(&shape.table, rows).await?;
                 }
-                summary.changes += 1;
+                if spool.takes_rows(&shape.table) && shapes.combines(table) {
+                    // Objects read from now on need no typed rows.
+                    shapes.stop_combining(table);
+                }
             }
             bar.inc(object.size);
         }
@@ -357,7 +359,7 @@ async fn run(
         // of its own (memory holds that many buckets); one at a time when
         // an update carried values across buckets, which would otherwise
         // cost replays (see MergeInput::moved).
-        let mergers = if spooled.is_some_and(|s| s.carried_moves > 0) {
+        let mergers = if spooled.is_some_and(|s| s.counts.carried_moves > 0) {
             1
         } else {
             MERGERS
@@ -482,20 +484,22 @@ const GROUP_BYTES: u64 = 1 << 20;
 /// on round trips.
 const FETCHES: usize = 16;
 
-/// The plan's object keys in plan order, cut into groups of consecutive
-/// objects of at most [`GROUP_BYTES`] together (or one larger object).
-fn object_groups(plan: &Plan) -> Vec<Vec<String>> {
-    let mut groups: Vec<Vec<String>> = Vec::new();
+/// The plan's objects (key, first seq to compact) in plan order, cut into
+/// groups of consecutive objects of at most [`GROUP_BYTES`] together (or
+/// one larger object).
+fn object_groups(plan: &Plan) -> Vec<Vec<(String, u64)>> {
+    let mut groups: Vec<Vec<(String, u64)>> = Vec::new();
     let mut bytes = 0;
     for o in plan.files.iter().flat_map(|f| &f.objects) {
+        let object = (o.key.clone(), o.from_seq);
         match groups.last_mut() {
             Some(group) if bytes + o.size <= GROUP_BYTES => {
                 bytes += o.size;
-                group.push(o.key.clone());
+                group.push(object);
             }
             _ => {
                 bytes = o.size;
-                groups.push(vec![o.key.clone()]);
+                groups.push(vec![object]);
             }
         }
     }
@@ -513,23 +517,29 @@ fn object_groups(plan: &Plan) -> Vec<Vec<String>> {
 /// fetches were driven by the loop that fed it: with objects of 100 lines
 /// the channel was always full and the next group's GETs waited on it
 /// (the run used 1.5-1.8 of its 2 cores).
-fn read_ahead(store: &Arc<dyn ObjectStore>, plan: &Plan, shapes: &Arc<read::Shapes>) -> ReadAhead {
+fn read_ahead(
+    store: &Arc<dyn ObjectStore>,
+    plan: &Plan,
+    shapes: &Arc<read::Shapes>,
+    starts: &Arc<[u64]>,
+) -> ReadAhead {
     let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
     let store = Arc::clone(store);
-    let shapes = Arc::clone(shapes);
+    let (shapes, starts) = (Arc::clone(shapes), Arc::clone(starts));
     let groups = object_groups(plan);
     let task = Task::spawn(async move {
         let mut parsed = futures::stream::iter(groups)
             .map(|group| {
                 let (store, shapes) = (Arc::clone(&store), Arc::clone(&shapes));
+                let starts = Arc::clone(&starts);
                 Task::spawn(async move {
-                    let bodies: Vec<(String, bytes::Bytes)> = futures::stream::iter(group)
-                        .map(|key| {
+                    let bodies: Vec<(String, u64, bytes::Bytes)> = futures::stream::iter(group)
+                        .map(|(key, from_seq)| {
                             let store = Arc::clone(&store);
                             async move {
                                 let path = ObjectPath::from(key.as_str());
                                 let body = listing::get(store.as_ref(), &path).await?;
-                                Ok::<_, Error>((key, body))
+                                Ok::<_, Error>((key, from_seq, body))
                             }
                         })
                         .buffered(FETCHES)
@@ -537,7 +547,15 @@ fn read_ahead(store: &Arc<dyn ObjectStore>, plan: &Plan, shapes: &Arc<read::Shap
                         .await?;
                     bodies
                         .iter()
-                        .map(|(key, body)| parse_object(&shapes, key, body))
+                        .map(|(key, from_seq, body)| {
+                            let reader = read::ObjectReader::new(
+                                &shapes,
+                                *from_seq,
+                                &starts,
+                                body.len() / 200 + 1,
+                            );
+                            parse_object(&shapes, reader, key, body)
+                        })
                         .collect::<Result<Vec<_>>>()
                 })
                 .join("the archive reader")
@@ -558,11 +576,14 @@ fn read_ahead(store: &Arc<dyn ObjectStore>, plan: &Plan, shapes: &Arc<read::Shap
     }
 }
 
-/// The typed lines of one object; an error names the object and the line.
-fn parse_object(shapes: &read::Shapes, key: &str, body: &[u8]) -> Result<Vec<read::Line>> {
-    // About one line per 200 bytes (a typed line is ~200 bytes too: growing
-    // the vector would copy them over and over).
-    let mut lines = Vec::with_capacity(body.len() / 200 + 1);
+/// The changes of one object, read by `reader` (made for about one line
+/// per 200 bytes); an error names the object and the line.
+fn parse_object(
+    shapes: &read::Shapes,
+    mut reader: read::ObjectReader,
+    key: &str,
+    body: &[u8],
+) -> Result<read::ObjectChanges> {
     // Checked whole, faster than line by line; an object that is not UTF-8
     // is read line by line, so the error says which line and where.
     let text = std::str::from_utf8(body).ok();
@@ -576,30 +597,30 @@ fn parse_object(shapes: &read::Shapes, key: &str, body: &[u8]) -> Result<Vec<rea
         }
         let typed = match text {
             // Cut at newlines: char boundaries.
-            Some(text) => read::type_text(shapes, &text[start_of_line..end]),
+            Some(text) => read::type_text_into(shapes, &text[start_of_line..end], reader.spare()),
             None => read::type_line(shapes, line),
         };
-        lines.push(typed.map_err(|what| {
+        reader.push(typed.map_err(|what| {
             Error::fatal(
                 format!("{key} line {}: {what}", n + 1),
                 "archive objects are written by `waltail run`; restore this one from a copy, or move it away and compact again",
             )
         })?);
     }
-    Ok(lines)
+    Ok(reader.finish())
 }
 
-/// The typed lines of each object, in plan order.
+/// The changes of each object, in plan order.
 struct ReadAhead {
-    rx: tokio::sync::mpsc::Receiver<Result<Vec<Vec<read::Line>>>>,
+    rx: tokio::sync::mpsc::Receiver<Result<Vec<read::ObjectChanges>>>,
     /// The objects left of the group being taken.
-    group: std::vec::IntoIter<Vec<read::Line>>,
+    group: std::vec::IntoIter<read::ObjectChanges>,
     /// Aborted when the reader is dropped.
     _task: Task<()>,
 }
 
 impl ReadAhead {
-    async fn recv(&mut self) -> Option<Result<Vec<read::Line>>> {
+    async fn recv(&mut self) -> Option<Result<read::ObjectChanges>> {
         loop {
             if let Some(lines) = self.group.next() {
                 return Some(Ok(lines));
@@ -624,7 +645,8 @@ fn bucket_count(
     spooled: Option<&spool::TableSpool>,
     merge_bytes: u64,
 ) -> u32 {
-    let (upserts, upsert_bytes) = spooled.map_or((0, 0), |s| (s.upserts, s.upsert_bytes));
+    let (upserts, upsert_bytes) =
+        spooled.map_or((0, 0), |s| (s.counts.upserts, s.counts.upsert_bytes));
     let per_row = upsert_bytes.checked_div(upserts).unwrap_or(256);
     let estimate = (entry.latest_rows + upserts).saturating_mul(per_row);
     let wanted = estimate
@@ -914,10 +936,12 @@ mod tests {
             ],
             repeated: Vec::new(),
         };
-        assert_eq!(
-            object_groups(&plan),
-            [vec!["a", "b"], vec!["c"], vec!["d"], vec!["e", "f"]]
-        );
+        let groups = object_groups(&plan);
+        let keys: Vec<Vec<&str>> = groups
+            .iter()
+            .map(|g| g.iter().map(|(key, _)| key.as_str()).collect())
+            .collect();
+        assert_eq!(keys, [vec!["a", "b"], vec!["c"], vec!["d"], vec!["e", "f"]]);
     }
 
     /// Every object comes back once and whole, in plan order, through
@@ -973,12 +997,19 @@ mod tests {
         let whole = plan(objects.clone());
         let groups = object_groups(&whole);
         assert!(groups.iter().any(|g| g.len() > 1) && groups.iter().any(|g| g.len() == 1));
-        let mut reader = read_ahead(&store, &whole, &shapes);
+        let starts: Arc<[u64]> = Arc::from([0]);
+        let mut reader = read_ahead(&store, &whole, &shapes, &starts);
         let mut next = 1;
         for &lines in &sizes {
             let got = reader.recv().await.unwrap().unwrap();
-            let seqs: Vec<u64> = got.iter().map(|l| l.seq).collect();
-            assert_eq!(seqs, (next..next + lines).collect::<Vec<u64>>());
+            let [table] = &got.tables[..] else {
+                panic!("one table's changes");
+            };
+            let seqs = table.batch.seqs().values();
+            assert_eq!(
+                seqs,
+                &(next as i64..(next + lines) as i64).collect::<Vec<_>>()
+            );
             next += lines;
         }
         assert!(reader.recv().await.is_none());
@@ -995,11 +1026,11 @@ mod tests {
         // fails whole; the run stops there, before anything is committed).
         let before: usize = groups
             .iter()
-            .take_while(|g| !g.contains(&bad.key))
+            .take_while(|g| !g.iter().any(|(key, _)| *key == bad.key))
             .map(Vec::len)
             .sum();
         assert!(before > 0);
-        let mut reader = read_ahead(&store, &plan(objects), &shapes);
+        let mut reader = read_ahead(&store, &plan(objects), &shapes, &starts);
         for _ in 0..before {
             reader.recv().await.unwrap().unwrap();
         }

@@ -8,12 +8,14 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use compact_str::CompactString;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use super::columns::{ChangeBatch, ChangeColumns};
 use super::typing::{
     Cell, Kind, TableShape, int_cell, not_valid, parse_cell, parse_decimal, parse_str_cell,
 };
@@ -184,10 +186,15 @@ pub fn type_change(shape: &TableShape, env: Envelope) -> Result<TypedChange, Str
 /// The shapes of the tables a run compacts, by name and by index: a typed
 /// line names its table by index, so no reference count shared by the
 /// threads is touched per line.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Shapes {
     list: Vec<Arc<TableShape>>,
     by_name: HashMap<String, usize>,
+    /// By index: whether the table's spool still combines its changes,
+    /// so that they are read as typed rows too (see [`ObjectReader`]).
+    /// Every table with a key does at first; set off by the run once its
+    /// spool stops (never back on within a run).
+    combines: Vec<AtomicBool>,
 }
 
 impl Shapes {
@@ -198,7 +205,28 @@ impl Shapes {
             .enumerate()
             .map(|(i, s)| (s.table.clone(), i))
             .collect();
-        Shapes { list, by_name }
+        let combines = list
+            .iter()
+            .map(|s| AtomicBool::new(!s.key.is_empty()))
+            .collect();
+        Shapes {
+            list,
+            by_name,
+            combines,
+        }
+    }
+
+    /// Whether the changes of table `i` are read as typed rows too: its
+    /// spool combines them.
+    pub fn combines(&self, i: usize) -> bool {
+        self.combines[i].load(Ordering::Relaxed)
+    }
+
+    /// Table `i`'s spool no longer combines changes: objects read from now
+    /// on give its changes as columns only. One read before still gives
+    /// rows, which the spool then only counts.
+    pub fn stop_combining(&self, i: usize) {
+        self.combines[i].store(false, Ordering::Relaxed);
     }
 
     /// The index and shape of `table`.
@@ -248,6 +276,113 @@ pub struct Line {
     pub change: Option<(usize, TypedChange)>,
 }
 
+/// One table's changes of an object, in seq order.
+#[derive(Debug)]
+pub struct TableChanges {
+    /// The table's index in the [`Shapes`].
+    pub table: usize,
+    pub batch: ChangeBatch,
+    /// The same changes as typed rows, when the table's spool combined its
+    /// changes as the object was read ([`Shapes::combines`]).
+    pub rows: Option<Vec<TypedChange>>,
+}
+
+/// An object's changes to compact, by table.
+#[derive(Debug)]
+pub struct ObjectChanges {
+    /// Lines skipped because their seq was compacted from an earlier
+    /// object.
+    pub repeats: u64,
+    /// By table index, the tables with changes.
+    pub tables: Vec<TableChanges>,
+}
+
+/// Gathers the typed lines of one object into [`ObjectChanges`]: lines
+/// before the object's first seq to compact are repeats, tables not
+/// compacted are skipped, and so are a table's changes before the seq it
+/// starts at (already compacted).
+pub struct ObjectReader<'s> {
+    shapes: &'s Shapes,
+    from_seq: u64,
+    starts: &'s [u64],
+    /// About how many lines the object has: the first table's columns
+    /// are made that large.
+    lines: usize,
+    repeats: u64,
+    tables: Vec<Option<(ChangeColumns, Option<Vec<TypedChange>>)>>,
+    /// The cells of the last change appended to columns only, for the
+    /// next line's (see [`ObjectReader::spare`]).
+    spare: Vec<Cell>,
+}
+
+impl<'s> ObjectReader<'s> {
+    /// A reader of an object of about `lines` lines whose changes from
+    /// `from_seq` on are compacted, table `i`'s from `starts[i]` on.
+    pub fn new(shapes: &'s Shapes, from_seq: u64, starts: &'s [u64], lines: usize) -> Self {
+        ObjectReader {
+            shapes,
+            from_seq,
+            starts,
+            lines,
+            repeats: 0,
+            tables: (0..shapes.len()).map(|_| None).collect(),
+            spare: Vec::new(),
+        }
+    }
+
+    /// A vector for the next line's cells ([`type_text_into`]): the last
+    /// change's, once its values are in the columns, so that a change
+    /// costs no allocation of its cells.
+    pub fn spare(&mut self) -> Vec<Cell> {
+        std::mem::take(&mut self.spare)
+    }
+
+    /// Takes the object's next line.
+    pub fn push(&mut self, line: Line) {
+        if line.seq < self.from_seq {
+            self.repeats += 1;
+            return;
+        }
+        let Some((table, change)) = line.change else {
+            return; // a table not compacted in this run
+        };
+        if change.seq < self.starts[table] {
+            return;
+        }
+        let (columns, rows) = self.tables[table].get_or_insert_with(|| {
+            // Most objects hold one table: only the first is sized for all.
+            let capacity = self.lines;
+            self.lines = self.lines.min(1024);
+            let shape = self.shapes.shape(table);
+            let rows = self.shapes.combines(table).then(Vec::new);
+            (ChangeColumns::new(shape, capacity), rows)
+        });
+        columns.append((&change).into());
+        match rows {
+            Some(rows) => rows.push(change),
+            None => self.spare = change.cells,
+        }
+    }
+
+    pub fn finish(self) -> ObjectChanges {
+        let tables = self
+            .tables
+            .into_iter()
+            .enumerate()
+            .filter_map(|(table, t)| t.map(|t| (table, t)))
+            .map(|(table, (columns, rows))| TableChanges {
+                table,
+                batch: columns.finish(),
+                rows,
+            })
+            .collect();
+        ObjectChanges {
+            repeats: self.repeats,
+            tables,
+        }
+    }
+}
+
 /// Parses and types one envelope line without building a JSON map of its
 /// row: `data`'s values are parsed straight into cells (key and json
 /// columns through a `Value`, so their text is exactly what
@@ -267,7 +402,14 @@ pub fn type_line(shapes: &Shapes, line: &[u8]) -> Result<Line, String> {
 /// [`type_line`] of a line already known to be UTF-8 (an object is checked
 /// at once: faster than line by line).
 pub fn type_text(shapes: &Shapes, line: &str) -> Result<Line, String> {
-    let found = match super::scan::scan_line(shapes, line) {
+    type_text_into(shapes, line, Vec::new())
+}
+
+/// [`type_text`] with the change's cells in `cells` (emptied first), when
+/// the line takes the fast path: a vector reused from change to change
+/// (see [`ObjectReader::spare`]).
+pub fn type_text_into(shapes: &Shapes, line: &str, cells: Vec<Cell>) -> Result<Line, String> {
+    let found = match super::scan::scan_into(shapes, line, cells) {
         Some(found) => Some(found),
         None => parse_line(shapes, line)?,
     };
@@ -303,7 +445,12 @@ fn typed_line(shapes: &Shapes, line: &str, found: Option<FastLine>) -> Result<Li
             let row = row?;
             (row.cells, Some(row.key))
         }
-        None => (vec![Cell::Absent; shape.columns.len()], None),
+        None => {
+            let mut cells = fast.spare;
+            cells.clear();
+            cells.resize(shape.columns.len(), Cell::Absent);
+            (cells, None)
+        }
     };
     let unchanged = if data_key.is_some() && op_name == "update" {
         unchanged_columns(shape, &cells)
@@ -390,6 +537,8 @@ pub(super) struct FastLine<'s> {
     pub old: Option<Map<String, Value>>,
     pub seq: Option<u64>,
     pub lsn: Option<CompactString>,
+    /// The vector for the cells, when `data` did not take it.
+    pub spare: Vec<Cell>,
 }
 
 /// `data` as cells, with the row's key as [`key_json`] gives it.
@@ -427,6 +576,7 @@ impl<'de, 's> Visitor<'de> for LineSeed<'s> {
             old: None,
             seq: None,
             lsn: None,
+            spare: Vec::new(),
         };
         let mut out_of_order = false;
         while let Some(Text(field)) = map.next_key()? {
@@ -1048,7 +1198,76 @@ mod tests {
             // And `type_text`, whichever path it takes, is the general parser.
             let typed = type_text(&shapes, &line);
             proptest::prop_assert_eq!(format!("{typed:?}"), format!("{general:?}"), "{}", line);
+            // Also with the cells of an earlier change to reuse.
+            let reused = type_text_into(&shapes, &line, vec![Cell::Int(7), Cell::Absent, Cell::Null]);
+            proptest::prop_assert_eq!(format!("{reused:?}"), format!("{general:?}"), "{}", line);
         }
+    }
+
+    /// An object's reader skips repeats (counted), tables not compacted
+    /// and a table's changes before its start; its batch is the changes'
+    /// columns, with typed rows only while the table's spool combines.
+    #[test]
+    fn an_object_reader_keeps_what_the_run_compacts() {
+        use super::super::columns::change_batch;
+        let shapes = Shapes::new([Arc::new(shape())]);
+        let line = |op: &str, table: &str, data: &str, old: &str, seq: u64| {
+            format!(
+                r#"{{"op":"{op}","table":"{table}","data":{data},"old":{old},"seq":{seq},"idempotency_key":"k","commit_lsn":"0/{seq:X}"}}"#
+            )
+        };
+        let lines = [
+            line("insert", "public.t", r#"{"id":1,"doc":"a"}"#, "null", 1),
+            line("insert", "public.t", r#"{"id":2,"doc":"b"}"#, "null", 2),
+            line("insert", "public.other", r#"{"x":1}"#, "null", 3),
+            line("update", "public.t", r#"{"id":2}"#, "null", 4),
+            line("delete", "public.t", "null", r#"{"id":1}"#, 5),
+            // A general-path line: `data` before `table`.
+            r#"{"data":{"id":3,"doc":"c"},"op":"update","table":"public.t","old":{"id":9},"seq":6,"idempotency_key":"k","commit_lsn":"0/6"}"#.to_string(),
+            line("truncate", "public.t", "null", "null", 7),
+        ];
+        // Seqs from 2 are this object's, the table's from 4 on.
+        let starts = [4];
+        let read = |shapes: &Shapes| {
+            let mut reader = ObjectReader::new(shapes, 2, &starts, lines.len());
+            for l in &lines {
+                let spare = reader.spare();
+                reader.push(type_text_into(shapes, l, spare).unwrap());
+            }
+            reader.finish()
+        };
+        let kept: Vec<TypedChange> = lines[3..]
+            .iter()
+            .map(|l| type_text(&shapes, l).unwrap().change.unwrap().1)
+            .collect();
+        let want = change_batch(&shapes.list[0], &kept);
+        let combined = read(&shapes);
+        assert_eq!(combined.repeats, 1);
+        let [t] = &combined.tables[..] else {
+            panic!("one table");
+        };
+        assert_eq!(t.table, 0);
+        assert_eq!(t.batch.history, want.history);
+        assert_eq!(
+            (&t.batch.ops, &t.batch.old_keys, &t.batch.absent),
+            (&want.ops, &want.old_keys, &want.absent)
+        );
+        assert_eq!(t.batch.counts, want.counts);
+        assert_eq!(t.batch.counts.changes, 4);
+        assert_eq!(t.batch.counts.upserts, 2);
+        assert_eq!(
+            format!("{:?}", t.rows.as_ref().unwrap()),
+            format!("{kept:?}")
+        );
+        // Once the spool no longer combines: the same columns, no rows.
+        shapes.stop_combining(0);
+        let columns_only = read(&shapes);
+        let [t] = &columns_only.tables[..] else {
+            panic!("one table");
+        };
+        assert!(t.rows.is_none());
+        assert_eq!(t.batch.history, want.history);
+        assert_eq!(t.batch.counts, want.counts);
     }
 
     /// The fast path does read lines as `waltail run` writes them (the

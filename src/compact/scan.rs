@@ -30,7 +30,18 @@ use super::typing::{Cell, Kind, TableShape, int_cell, parse_cell, parse_decimal,
 
 /// Reads `line` if it has `waltail run`'s layout and every value fits its
 /// column; `None` otherwise (the general parser then reads it).
+#[cfg(test)]
 pub(super) fn scan_line<'s>(shapes: &'s Shapes, line: &str) -> Option<FastLine<'s>> {
+    scan_into(shapes, line, Vec::new())
+}
+
+/// [`scan_line`] with the change's cells in `cells` (emptied first: a
+/// vector reused from line to line, not one allocated per change).
+pub(super) fn scan_into<'s>(
+    shapes: &'s Shapes,
+    line: &str,
+    cells: Vec<Cell>,
+) -> Option<FastLine<'s>> {
     let mut c = Cursor { s: line, at: 0 };
     c.eat(br#"{"op":"#)?;
     // The op is checked by the caller, as a line the general parser read.
@@ -38,10 +49,10 @@ pub(super) fn scan_line<'s>(shapes: &'s Shapes, line: &str) -> Option<FastLine<'
     c.eat(br#","table":"#)?;
     let (i, shape) = shapes.get(c.plain_string()?)?;
     c.eat(br#","data":"#)?;
-    let data = if c.eat(b"null").is_some() {
-        None
+    let (data, spare) = if c.eat(b"null").is_some() {
+        (None, cells)
     } else {
-        Some(Ok(row(&mut c, shape)?))
+        (Some(Ok(row(&mut c, shape, cells)?)), Vec::new())
     };
     c.eat(br#","old":"#)?;
     let old = if c.eat(b"null").is_some() {
@@ -68,12 +79,14 @@ pub(super) fn scan_line<'s>(shapes: &'s Shapes, line: &str) -> Option<FastLine<'
         old,
         seq: Some(seq),
         lsn: Some(CompactString::from(lsn)),
+        spare,
     })
 }
 
 /// `data`'s object (at its `{`) as cells, columns in any order.
-fn row(c: &mut Cursor, shape: &TableShape) -> Option<Row> {
-    let mut cells = vec![Cell::Absent; shape.columns.len()];
+fn row(c: &mut Cursor, shape: &TableShape, mut cells: Vec<Cell>) -> Option<Row> {
+    cells.clear();
+    cells.resize(shape.columns.len(), Cell::Absent);
     // Key columns' values as serde_json writes them (an integer's or a
     // plain string's text, as the line has it), or their `Value`.
     let mut keys: Vec<(usize, Result<&str, Value>)> = Vec::with_capacity(shape.key.len());

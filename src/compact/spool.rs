@@ -62,14 +62,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, BinaryArray, BinaryBuilder, Int64Array, RecordBatch, StringArray,
-    UInt8Array,
+    Array, ArrayRef, AsArray, BinaryArray, Int64Array, RecordBatch, StringArray, UInt8Array,
 };
 use arrow::compute::{concat_batches, interleave_record_batch};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use arrow::ipc::reader::FileReader;
 use arrow::ipc::writer::FileWriter;
 
+use super::columns::{Change, ChangeBatch, fill_absent_bits};
 use super::read::{ChangeOp, TypedChange};
 use super::typing::{Cell, TableShape, build_array};
 use crate::{Error, Result};
@@ -146,30 +146,59 @@ impl Step {
     }
 }
 
-/// About the memory a change takes as typed values (the key, the seq and
-/// lsn, one cell per column and the text they hold): what the bucket count
-/// is chosen from. A latest view holds less per row (its values stay in
-/// Arrow batches), so the estimate errs on the safe side.
-pub fn row_bytes(change: &TypedChange) -> u64 {
-    let text: usize = change
-        .cells
-        .iter()
-        .map(|c| match c {
-            Cell::Str(s) => s.len() + 16,
-            _ => 0,
-        })
-        .sum();
-    (120 + change.key.as_ref().map_or(0, |k| k.len())
-        + change.lsn.len()
-        + 32 * change.cells.len()
-        + text) as u64
+/// What the spool counts of a table's changes (see [`Counts::add`]): the
+/// latest view's bucket count and its merge order are chosen from it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Changes spooled (not counting the copies of truncates and moves).
+    pub changes: u64,
+    /// Upserts spooled: at most this many rows are added to the view.
+    pub upserts: u64,
+    /// The sum of [`Change::row_bytes`] over the upserts.
+    pub upsert_bytes: u64,
+    /// Updates that moved a row to a key of another bucket leaving columns
+    /// out: their merge needs the old row from that bucket, so buckets are
+    /// then merged one after the other (see `latest::MergeInput::moved`).
+    pub carried_moves: u64,
+    /// The seq of the last change counted.
+    pub last_seq: u64,
 }
 
-/// About the memory a spooled change holds: its row, plus the JSON of its
-/// old row and unchanged columns, which it keeps until it is written out
-/// (the old row is the whole row under REPLICA IDENTITY FULL).
+impl Counts {
+    /// Counts one change of a table with a key (in seq order); a change
+    /// without a key (but a truncate) places nothing: not counted.
+    pub fn add(&mut self, change: &Change<'_>) {
+        if change.op != ChangeOp::Truncate && change.key.is_none() {
+            return;
+        }
+        self.changes += 1;
+        self.last_seq = change.seq;
+        let carry = change.moved_from().is_some() && change.cells.contains(&Cell::Absent);
+        self.carried_moves += carry as u64;
+        if change.op == ChangeOp::Upsert {
+            self.upserts += 1;
+            self.upsert_bytes += change.row_bytes();
+        }
+    }
+
+    /// Adds the counts of later changes.
+    pub fn merge(&mut self, later: &Counts) {
+        self.changes += later.changes;
+        self.upserts += later.upserts;
+        self.upsert_bytes += later.upsert_bytes;
+        self.carried_moves += later.carried_moves;
+        if later.changes > 0 {
+            self.last_seq = later.last_seq;
+        }
+    }
+}
+
+/// About the memory a spooled change holds: its row (see
+/// [`Change::row_bytes`]), plus the JSON of its old row and unchanged
+/// columns, which it keeps until it is written out (the old row is the
+/// whole row under REPLICA IDENTITY FULL).
 fn held_bytes(change: &TypedChange) -> usize {
-    row_bytes(change) as usize
+    Change::from(change).row_bytes() as usize
         + change.old.as_ref().map_or(0, String::len)
         + change.unchanged.as_ref().map_or(0, String::len)
 }
@@ -182,16 +211,7 @@ pub struct TableSpool {
     buffers: Vec<Vec<Step>>,
     /// The table's file of each round it had changes in, in round order.
     files: Vec<PathBuf>,
-    /// Changes spooled (not counting the copies of truncates and moves).
-    pub changes: u64,
-    /// Upserts spooled: at most this many rows are added to the view.
-    pub upserts: u64,
-    /// The sum of [`row_bytes`] over the upserts.
-    pub upsert_bytes: u64,
-    /// Updates that moved a row to a key of another bucket leaving columns
-    /// out: their merge needs the old row from that bucket, so buckets are
-    /// then merged one after the other (see `latest::MergeInput::moved`).
-    pub carried_moves: u64,
+    pub counts: Counts,
     /// The net change of each key changed since the table's last round or
     /// barrier (a move or a truncate), not yet buffered.
     pending: HashSet<Pending, foldhash::fast::RandomState>,
@@ -205,8 +225,6 @@ pub struct TableSpool {
     /// before it were pushed one by one while the table combined them.
     /// `u64::MAX` while it combines.
     rows_from: u64,
-    /// The seq of the last change pushed.
-    last_seq: u64,
     /// Changes of the round that could be combined, and those that were.
     round_changes: u64,
     round_combined: u64,
@@ -318,7 +336,7 @@ impl TableSpool {
     fn stop_combining(&mut self) {
         self.combining = false;
         self.pending = HashSet::default(); // its table's memory too
-        self.rows_from = self.last_seq + 1;
+        self.rows_from = self.counts.last_seq + 1;
     }
 }
 
@@ -348,7 +366,8 @@ pub fn spool_schema(shape: &TableShape) -> SchemaRef {
 const ROLE_CHANGE: u8 = 0;
 const ROLE_MOVE_OUT: u8 = 1;
 
-fn op_code(op: ChangeOp) -> u8 {
+/// A change's op in the spool's `_op` column.
+pub(super) fn op_code(op: ChangeOp) -> u8 {
     match op {
         ChangeOp::Upsert => 0,
         ChangeOp::Delete => 1,
@@ -406,38 +425,26 @@ impl Spool {
                     id,
                     buffers: (0..PARTITIONS).map(|_| Vec::new()).collect(),
                     files: Vec::new(),
-                    changes: 0,
-                    upserts: 0,
-                    upsert_bytes: 0,
-                    carried_moves: 0,
+                    counts: Counts::default(),
                     pending: HashSet::default(),
                     combining: true,
                     rows: Vec::new(),
                     rows_from: u64::MAX,
-                    last_seq: 0,
                     round_changes: 0,
                     round_combined: 0,
                 },
             );
         }
         let t = self.tables.get_mut(&shape.table).expect("inserted above");
-        let key = change.key.as_deref();
+        let view = Change::from(&**change);
+        let key = view.key;
         if change.op != ChangeOp::Truncate && key.is_none() {
             return Ok(()); // no key to place it by: nothing to merge
         }
-        let size = row_bytes(change) as usize;
-        t.changes += 1;
-        t.last_seq = change.seq;
-        let moved_from = key
-            .zip(change.old_key.as_deref())
-            .filter(|(key, old)| change.op == ChangeOp::Upsert && old != key)
-            .map(|(_, old)| old);
+        t.counts.add(&view);
+        let size = view.row_bytes() as usize;
+        let moved_from = view.moved_from();
         let carry = moved_from.is_some() && change.cells.contains(&Cell::Absent);
-        t.carried_moves += carry as u64;
-        if change.op == ChangeOp::Upsert {
-            t.upserts += 1;
-            t.upsert_bytes += size as u64;
-        }
         if !t.combining {
             return Ok(()); // its row comes with the history's batch (push_rows)
         }
@@ -481,6 +488,24 @@ impl Spool {
             self.flush().await?;
         }
         Ok(())
+    }
+
+    /// Counts a batch of changes of a table that no longer combines them
+    /// ([`Spool::takes_rows`]), given as a batch instead of one by one:
+    /// their rows come through [`Spool::push_rows`].
+    pub fn count(&mut self, shape: &TableShape, counts: &Counts) -> Result<()> {
+        match self.tables.get_mut(&shape.table) {
+            Some(t) if !t.combining => {
+                t.counts.merge(counts);
+                Ok(())
+            }
+            _ if shape.key.is_empty() => Ok(()),
+            // Its changes would be lost: they must be pushed one by one.
+            _ => Err(Error::bug(format!(
+                "a batch of {} was counted while its changes are combined",
+                shape.table
+            ))),
+        }
     }
 
     /// Whether `table`'s rows are to come through [`Spool::push_rows`]:
@@ -746,21 +771,6 @@ pub fn absent_bits(cells: &[Cell]) -> Option<Vec<u8>> {
     fill_absent_bits(cells, &mut bits).then_some(bits)
 }
 
-/// [`absent_bits`] into `bits` (reused: no allocation per change);
-/// whether `cells` leaves any column out.
-fn fill_absent_bits(cells: &[Cell], bits: &mut Vec<u8>) -> bool {
-    bits.clear();
-    bits.resize(cells.len().div_ceil(8), 0);
-    let mut any = false;
-    for (i, cell) in cells.iter().enumerate() {
-        if *cell == Cell::Absent {
-            bits[i / 8] |= 1 << (i % 8);
-            any = true;
-        }
-    }
-    any
-}
-
 /// Whether column `j` is left out in a bitmap of [`absent_bits`].
 pub fn left_out(bits: &[u8], j: usize) -> bool {
     bits.get(j / 8).is_some_and(|b| b & (1 << (j % 8)) != 0)
@@ -955,40 +965,24 @@ fn steps_batch(shape: &TableShape, schema: &SchemaRef, steps: &[Step]) -> Result
     RecordBatch::try_new(Arc::clone(schema), columns).map_err(spool_error)
 }
 
-/// The spool's rows of `changes` (a table's, in seq order), given their
-/// history columns (as `history::history_columns` lays them out: data,
-/// `_op`, `_seq`, `_lsn`, `_key`, ...): the data, seq, LSN and key columns
-/// are taken from those arrays; built where the history writer has just
-/// read the changes, while they are in cache (see [`Spool::push_rows`]).
-pub fn change_rows<R: Borrow<TypedChange>>(
+/// The spool's rows of a table's changes (in seq order, as the parse
+/// built them): the data, seq, LSN and key columns are the history's
+/// arrays; built on the history writer's encoding task (see
+/// [`Spool::push_rows`]).
+pub fn change_rows(
     shape: &TableShape,
     schema: &SchemaRef,
-    history: &[ArrayRef],
-    changes: &[R],
+    changes: &ChangeBatch,
 ) -> Result<ChangeRows> {
-    let (n, len) = (shape.columns.len(), changes.len());
-    let changes = || changes.iter().map(Borrow::borrow);
-    let mut absent = BinaryBuilder::with_capacity(len, 0);
-    let mut bits = Vec::new();
-    for c in changes() {
-        if fill_absent_bits(&c.cells, &mut bits) {
-            absent.append_value(&bits);
-        } else {
-            absent.append_null();
-        }
-    }
+    let (n, history) = (shape.columns.len(), &changes.history);
     let mut columns: Vec<ArrayRef> = vec![
-        Arc::new(UInt8Array::from(vec![ROLE_CHANGE; len])),
-        Arc::new(changes().map(|c| op_code(c.op)).collect::<UInt8Array>()),
+        Arc::new(UInt8Array::from(vec![ROLE_CHANGE; changes.len()])),
+        Arc::clone(&changes.ops),
         Arc::clone(&history[n + 1]),
         Arc::clone(&history[n + 2]),
         Arc::clone(&history[n + 3]),
-        Arc::new(
-            changes()
-                .map(|c| c.old_key.as_deref())
-                .collect::<StringArray>(),
-        ),
-        Arc::new(absent.finish()),
+        Arc::clone(&changes.old_keys),
+        Arc::clone(&changes.absent),
     ];
     columns.extend(history[..n].iter().cloned());
     let rows = RecordBatch::try_new(Arc::clone(schema), columns).map_err(spool_error)?;
@@ -1021,7 +1015,7 @@ fn read_partitions(path: &Path, partitions: impl Iterator<Item = u32>) -> Result
 
 #[cfg(test)]
 mod tests {
-    use super::super::history::history_columns;
+    use super::super::columns::change_batch;
     use super::super::latest::{LatestView, MergeInput, merge_bucket};
     use super::super::session;
     use super::super::typing::read_cells;
@@ -1091,8 +1085,7 @@ mod tests {
 
     /// The spool rows of `changes` as a history writer's buffer gives them.
     fn rows_of(shape: &TableShape, changes: &[Arc<TypedChange>]) -> ChangeRows {
-        let history = history_columns(shape, changes);
-        change_rows(shape, &spool_schema(shape), &history, changes).unwrap()
+        change_rows(shape, &spool_schema(shape), &change_batch(shape, changes)).unwrap()
     }
 
     /// Pushes `change` as a run does: to the spool, then its row as the
@@ -1278,7 +1271,7 @@ mod tests {
             }
             let t = spool.table("public.t").unwrap();
             assert_eq!(t.combining, combining, "{keys} keys");
-            assert_eq!(t.changes, 3 * MIN_ROUND_CHANGES);
+            assert_eq!(t.counts.changes, 3 * MIN_ROUND_CHANGES);
             assert_eq!(spool.limit <= RAW_BUFFER_BYTES, !combining, "{keys} keys");
             spool.finish().await.unwrap();
             let rows: usize = spool

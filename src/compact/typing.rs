@@ -18,8 +18,10 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array,
-    Int16Array, Int32Array, Int64Array, StringArray, TimestampMicrosecondArray,
+    Array, ArrayRef, BooleanArray, BooleanBuilder, Date32Array, Date32Builder, Decimal128Array,
+    Decimal128Builder, Float32Array, Float32Builder, Float64Array, Float64Builder, Int16Array,
+    Int16Builder, Int32Array, Int32Builder, Int64Array, Int64Builder, StringArray, StringBuilder,
+    TimestampMicrosecondArray, TimestampMicrosecondBuilder,
 };
 use arrow::datatypes::{DataType, TimeUnit};
 use chrono::{DateTime, Datelike, NaiveDate, NaiveDateTime};
@@ -545,77 +547,107 @@ pub fn parse_decimal(text: &str, precision: u8, scale: i8) -> Option<i128> {
 
 /// Builds the Arrow array of `kind` from cells (absent as null).
 pub fn build_array<'a>(kind: Kind, cells: impl Iterator<Item = &'a Cell>) -> ArrayRef {
-    fn int(c: &Cell) -> Option<i64> {
-        match c {
-            Cell::Int(v) => Some(*v),
-            _ => None,
-        }
+    let mut builder = ColumnBuilder::new(kind, cells.size_hint().0);
+    for cell in cells {
+        builder.append(cell);
     }
-    match kind {
-        Kind::Int16 => Arc::new(
-            cells
-                .map(|c| int(c).map(|v| v as i16))
-                .collect::<Int16Array>(),
-        ),
-        Kind::Int32 => Arc::new(
-            cells
-                .map(|c| int(c).map(|v| v as i32))
-                .collect::<Int32Array>(),
-        ),
-        Kind::Int64 => Arc::new(cells.map(int).collect::<Int64Array>()),
-        Kind::Float32 | Kind::Float64 => {
-            let f = |c: &Cell| match c {
-                Cell::Float(v) => Some(*v),
-                _ => None,
-            };
-            if kind == Kind::Float32 {
-                Arc::new(
-                    cells
-                        .map(|c| f(c).map(|v| v as f32))
-                        .collect::<Float32Array>(),
-                )
-            } else {
-                Arc::new(cells.map(f).collect::<Float64Array>())
+    builder.finish()
+}
+
+/// One column's values of `kind`, appended a cell at a time (absent and
+/// null, and a cell of another kind, as null): how the archive reader
+/// builds the history's columns as it parses, so a change is not held as
+/// cells until a buffer of them is converted.
+pub enum ColumnBuilder {
+    Int16(Int16Builder),
+    Int32(Int32Builder),
+    Int64(Int64Builder),
+    Float32(Float32Builder),
+    Float64(Float64Builder),
+    Bool(BooleanBuilder),
+    Decimal(Decimal128Builder, u8, i8),
+    Date(Date32Builder),
+    /// With the timezone (UTC) of a timestamptz.
+    Timestamp(TimestampMicrosecondBuilder, bool),
+    Text(StringBuilder),
+}
+
+impl ColumnBuilder {
+    pub fn new(kind: Kind, capacity: usize) -> ColumnBuilder {
+        match kind {
+            Kind::Int16 => ColumnBuilder::Int16(Int16Builder::with_capacity(capacity)),
+            Kind::Int32 => ColumnBuilder::Int32(Int32Builder::with_capacity(capacity)),
+            Kind::Int64 => ColumnBuilder::Int64(Int64Builder::with_capacity(capacity)),
+            Kind::Float32 => ColumnBuilder::Float32(Float32Builder::with_capacity(capacity)),
+            Kind::Float64 => ColumnBuilder::Float64(Float64Builder::with_capacity(capacity)),
+            Kind::Bool => ColumnBuilder::Bool(BooleanBuilder::with_capacity(capacity)),
+            Kind::Decimal { precision, scale } => {
+                ColumnBuilder::Decimal(Decimal128Builder::with_capacity(capacity), precision, scale)
+            }
+            Kind::Date => ColumnBuilder::Date(Date32Builder::with_capacity(capacity)),
+            Kind::Timestamp | Kind::TimestampTz => ColumnBuilder::Timestamp(
+                TimestampMicrosecondBuilder::with_capacity(capacity),
+                kind == Kind::TimestampTz,
+            ),
+            // About 16 bytes a value to start with: grown as needed.
+            Kind::Text | Kind::Json => {
+                ColumnBuilder::Text(StringBuilder::with_capacity(capacity, capacity * 16))
             }
         }
-        Kind::Bool => Arc::new(
-            cells
-                .map(|c| match c {
-                    Cell::Bool(b) => Some(*b),
-                    _ => None,
-                })
-                .collect::<BooleanArray>(),
-        ),
-        Kind::Decimal { precision, scale } => Arc::new(
-            cells
-                .map(|c| match c {
-                    Cell::Dec(v) => Some(*v),
-                    _ => None,
-                })
-                .collect::<Decimal128Array>()
-                .with_precision_and_scale(precision, scale)
-                .expect("precision and scale were validated"),
-        ),
-        Kind::Date => Arc::new(
-            cells
-                .map(|c| int(c).map(|v| v as i32))
-                .collect::<Date32Array>(),
-        ),
-        Kind::Timestamp => Arc::new(cells.map(int).collect::<TimestampMicrosecondArray>()),
-        Kind::TimestampTz => Arc::new(
-            cells
-                .map(int)
-                .collect::<TimestampMicrosecondArray>()
-                .with_timezone("UTC"),
-        ),
-        Kind::Text | Kind::Json => Arc::new(
-            cells
-                .map(|c| match c {
-                    Cell::Str(s) => Some(&**s),
-                    _ => None,
-                })
-                .collect::<StringArray>(),
-        ),
+    }
+
+    /// Appends `cell`.
+    pub fn append(&mut self, cell: &Cell) {
+        match (self, cell) {
+            (ColumnBuilder::Int16(b), Cell::Int(v)) => b.append_value(*v as i16),
+            (ColumnBuilder::Int32(b), Cell::Int(v)) => b.append_value(*v as i32),
+            (ColumnBuilder::Int64(b), Cell::Int(v)) => b.append_value(*v),
+            (ColumnBuilder::Float32(b), Cell::Float(v)) => b.append_value(*v as f32),
+            (ColumnBuilder::Float64(b), Cell::Float(v)) => b.append_value(*v),
+            (ColumnBuilder::Bool(b), Cell::Bool(v)) => b.append_value(*v),
+            (ColumnBuilder::Decimal(b, ..), Cell::Dec(v)) => b.append_value(*v),
+            (ColumnBuilder::Date(b), Cell::Int(v)) => b.append_value(*v as i32),
+            (ColumnBuilder::Timestamp(b, _), Cell::Int(v)) => b.append_value(*v),
+            (ColumnBuilder::Text(b), Cell::Str(s)) => b.append_value(s),
+            (builder, _) => builder.append_null(),
+        }
+    }
+
+    fn append_null(&mut self) {
+        match self {
+            ColumnBuilder::Int16(b) => b.append_null(),
+            ColumnBuilder::Int32(b) => b.append_null(),
+            ColumnBuilder::Int64(b) => b.append_null(),
+            ColumnBuilder::Float32(b) => b.append_null(),
+            ColumnBuilder::Float64(b) => b.append_null(),
+            ColumnBuilder::Bool(b) => b.append_null(),
+            ColumnBuilder::Decimal(b, ..) => b.append_null(),
+            ColumnBuilder::Date(b) => b.append_null(),
+            ColumnBuilder::Timestamp(b, _) => b.append_null(),
+            ColumnBuilder::Text(b) => b.append_null(),
+        }
+    }
+
+    /// The values appended since the last call, as an array of the
+    /// column's Arrow type.
+    pub fn finish(&mut self) -> ArrayRef {
+        match self {
+            ColumnBuilder::Int16(b) => Arc::new(b.finish()),
+            ColumnBuilder::Int32(b) => Arc::new(b.finish()),
+            ColumnBuilder::Int64(b) => Arc::new(b.finish()),
+            ColumnBuilder::Float32(b) => Arc::new(b.finish()),
+            ColumnBuilder::Float64(b) => Arc::new(b.finish()),
+            ColumnBuilder::Bool(b) => Arc::new(b.finish()),
+            ColumnBuilder::Decimal(b, precision, scale) => Arc::new(
+                b.finish()
+                    .with_precision_and_scale(*precision, *scale)
+                    .expect("precision and scale were validated"),
+            ),
+            ColumnBuilder::Date(b) => Arc::new(b.finish()),
+            ColumnBuilder::Timestamp(b, false) => Arc::new(b.finish()),
+            ColumnBuilder::Timestamp(b, true) => Arc::new(b.finish().with_timezone("UTC")),
+            ColumnBuilder::Text(b) => Arc::new(b.finish()),
+        }
     }
 }
 
