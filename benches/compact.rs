@@ -13,8 +13,9 @@
 //! * `compact_parse/bench_lines`: `compact::read::type_line` of one archive
 //!   line into a typed change (JSON parse, cell typing, the row key's JSON).
 //! * `compact_history/encode`: `history::history_columns` of 8,192 typed
-//!   changes into Arrow arrays plus their encoding as one zstd Parquet row
-//!   group (the writer properties compact uses), into memory.
+//!   changes into Arrow arrays (`columns::ChangeColumns`, which compact's
+//!   parse appends each change to) plus their encoding as one zstd Parquet
+//!   row group (the writer properties compact uses), into memory.
 //! * `compact_history/spool_rows`: `spool::change_rows` of the same 8,192
 //!   changes given their batch (`columns::change_batch`, as the archive
 //!   reader builds it): the latest view's spool rows the

@@ -759,6 +759,61 @@ async fn merged_bucket_by_bucket_equals_merged_whole(moves_leave_out: bool) {
     assert!(second > 32 && second > first, "{second} buckets");
 }
 
+/// A table whose first changes rarely repeat a key stops combining them
+/// within its first spool round (after 65,536 changes): the rest of the
+/// run (updates, key moves leaving a column out, deletes, a truncate)
+/// reaches the spool as the parse's batches, and objects parsed before
+/// the switch as typed rows only counted. The latest view is still the
+/// one the changes give.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_that_stops_combining_within_a_round_merges_every_change() {
+    use std::sync::{Arc, Mutex};
+    // 400,000 keys: 8% of the first 65,536 changes repeat one, and a round
+    // of 20 MiB (about 80,000 changes) would combine about 10%; the round
+    // is written while the history writer still holds counted changes.
+    let archive = generate_archive(130_000, 400_000, 11, 100_000);
+    let root = tempfile::tempdir().unwrap();
+    write_archive(root.path(), &archive, 1, 130_000);
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Log {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    // The run loop, which the spool is pushed from, is this test's future.
+    let guard = tracing::subscriber::set_default(subscriber);
+    let summary = compact_in_process(root.path(), 20 << 20).await;
+    drop(guard);
+    let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        log.contains("keys rarely repeat: spooling the rest of the run change by change")
+            && log.contains("changes=65536"),
+        "{log}"
+    );
+    assert_eq!(summary.changes, 130_000);
+    let moves = archive
+        .lines
+        .iter()
+        .filter(|l| l.contains(r#""op":"update""#) && !l.contains(r#""old":null"#))
+        .count();
+    assert!(moves > 1_000, "key moves: {moves}");
+    let (latest, _) = read_latest(root.path());
+    assert_eq!(latest.len(), archive.expected.len());
+    assert!(latest == archive.expected, "the latest view differs");
+}
+
 /// Uploads changes `from..=to` of `archive` under `prefix`, as
 /// [`write_archive`] lays them out.
 async fn upload_archive(prefix: &str, archive: &GeneratedArchive, from: u64, to: u64) {

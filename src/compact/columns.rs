@@ -25,12 +25,12 @@ use arrow::array::{
 };
 use arrow::compute::concat;
 
+use super::history;
 use super::read::{ChangeOp, TypedChange};
 use super::spool::{Counts, op_code};
 use super::typing::{Cell, ColumnBuilder, TableShape};
 
-/// A change as its parts, borrowed from a [`TypedChange`] or from the line
-/// it was read from.
+/// A change as its parts, borrowed from a [`TypedChange`].
 #[derive(Debug, Clone, Copy)]
 pub struct Change<'a> {
     pub op_name: &'static str,
@@ -84,6 +84,12 @@ impl Change<'_> {
             .zip(self.old_key)
             .filter(|(key, old)| self.op == ChangeOp::Upsert && old != key)
             .map(|(_, old)| old)
+    }
+
+    /// Whether the change moved its row to another key leaving columns out
+    /// (unchanged TOAST): their values must be carried from the old key.
+    pub fn carries(&self) -> bool {
+        self.moved_from().is_some() && self.cells.contains(&Cell::Absent)
     }
 }
 
@@ -185,9 +191,20 @@ impl ChangeColumns {
 }
 
 /// The columns `cells` leaves out (unchanged TOAST) as a bitmap, bit `j`
-/// of byte `j / 8` for column `j`, into `bits` (reused: no allocation per
-/// change); whether `cells` leaves any column out.
-pub fn fill_absent_bits(cells: &[Cell], bits: &mut Vec<u8>) -> bool {
+/// of byte `j / 8` for column `j`; `None` when it leaves none out.
+pub fn absent_bits(cells: &[Cell]) -> Option<Vec<u8>> {
+    let mut bits = Vec::new();
+    fill_absent_bits(cells, &mut bits).then_some(bits)
+}
+
+/// Whether column `j` is left out in a bitmap of [`absent_bits`].
+pub fn left_out(bits: &[u8], j: usize) -> bool {
+    bits.get(j / 8).is_some_and(|b| b & (1 << (j % 8)) != 0)
+}
+
+/// [`absent_bits`] into `bits` (reused: no allocation per change);
+/// whether `cells` leaves any column out.
+fn fill_absent_bits(cells: &[Cell], bits: &mut Vec<u8>) -> bool {
     bits.clear();
     bits.resize(cells.len().div_ceil(8), 0);
     let mut any = false;
@@ -225,6 +242,12 @@ impl ChangeBatch {
         self.len() == 0
     }
 
+    /// How many of the history's columns are the table's (the rest are
+    /// `_op`, `_seq`, `_lsn`, `_key`, `_old` and `_unchanged`).
+    pub fn data_columns(&self) -> usize {
+        self.history.len() - 6
+    }
+
     /// The batches one after the other, as one.
     pub fn concat(batches: &[ChangeBatch]) -> arrow::error::Result<ChangeBatch> {
         if let [one] = batches {
@@ -253,7 +276,7 @@ impl ChangeBatch {
 
     /// Each change's seq (the history's `_seq`).
     pub fn seqs(&self) -> &Int64Array {
-        self.history[self.history.len() - 5]
+        self.history[self.data_columns() + history::SEQ]
             .as_any()
             .downcast_ref()
             .expect("built as integers")

@@ -102,6 +102,13 @@ pub fn history_key(
     )
 }
 
+/// Where `_op`, `_seq`, `_lsn` and `_key` are among the history's columns,
+/// after the data columns (see [`history_schema`]).
+pub const OP: usize = 0;
+pub const SEQ: usize = 1;
+pub const LSN: usize = 2;
+pub const KEY: usize = 3;
+
 /// The history's Arrow schema: the data columns, then the metadata.
 pub fn history_schema(shape: &TableShape) -> SchemaRef {
     let mut fields: Vec<Field> = shape
@@ -467,22 +474,23 @@ type Rows = Vec<ChangeBatch>;
 /// change and opened with its first buffer (whose values choose the
 /// dictionaries, see [`dictionaries_for`]).
 ///
-/// A full buffer of rows is converted and encoded (Parquet, zstd: a third
-/// of compact's CPU) on a task of its own while the next buffer fills, so
-/// encoding runs beside the parse and the spool. Up to [`ENCODING_DEPTH`]
-/// buffers are on such tasks at once: a buffer is converted to Arrow (and
-/// to spool rows) while the one before it is still being written, and
-/// waits for that one's hand-off of the file only to write. With one task
-/// at a time, conversion and writing ran one after the other and the run
-/// left an eighth of its two cores idle (a single table's file is a chain
-/// the whole run waits on). Memory holds `ENCODING_DEPTH + 1` buffers and
-/// the spool rows of the buffers being encoded.
+/// A full buffer (the batches the parse built for consecutive objects, at
+/// least [`BATCH_ROWS`] changes or one object's) is joined into one batch
+/// and encoded (Parquet, zstd: a third of compact's CPU) on a task of its
+/// own while the next buffer fills, so encoding runs beside the parse and
+/// the spool. Up to [`ENCODING_DEPTH`] buffers are on such tasks at once: a
+/// buffer is joined (and made into spool rows) while the one before it is
+/// still being written, and waits for that one's hand-off of the file only
+/// to write. With one task at a time, that work and the writing ran one
+/// after the other and the run left an eighth of its two cores idle (a
+/// single table's file is a chain the whole run waits on). Memory holds
+/// `ENCODING_DEPTH + 1` buffers and the spool rows of the buffers being
+/// encoded.
 ///
 /// For a table with a key whose spool takes them, the task also gives the
-/// buffer's rows for the latest view's spool ([`spool::change_rows`],
-/// built from the arrays just built, while in cache):
-/// [`HistoryFile::push`] and [`HistoryFile::finish`] hand them on, buffer
-/// after buffer in seq order.
+/// buffer's rows for the latest view's spool ([`spool::change_rows`], from
+/// the batch's arrays): [`HistoryFile::push`] and [`HistoryFile::finish`]
+/// hand them on, buffer after buffer in seq order.
 pub struct HistoryFile {
     pub shape: Arc<TableShape>,
     schema: SchemaRef,
@@ -495,8 +503,8 @@ pub struct HistoryFile {
     rows: Rows,
     /// The changes in `rows`.
     buffered: usize,
-    /// The buffers being encoded, oldest first; each gives back its
-    /// emptied buffer and its spool rows.
+    /// The buffers being encoded, oldest first; each gives back its spool
+    /// rows.
     encoding: VecDeque<Task<Result<Encoded>>>,
 }
 
@@ -510,7 +518,7 @@ type Encoded = Option<spool::ChangeRows>;
 
 /// How an encoding task gets the file it writes to: at once (the first),
 /// or from the task before it, once that one has written its buffer.
-/// Made once per buffer of 8,192 rows: its size does not matter.
+/// Made once per buffer (8,192 changes or more): its size does not matter.
 #[allow(clippy::large_enum_variant)]
 enum Handoff {
     Ready(Target),
@@ -531,7 +539,8 @@ impl Handoff {
 }
 
 /// A history file, before or after its first buffer opens it. One per
-/// file, moved once per buffer of 8,192 rows: its size does not matter.
+/// file, moved once per buffer (8,192 changes or more): its size does not
+/// matter.
 #[allow(clippy::large_enum_variant)]
 enum Target {
     Unopened(Output, String, WriterProperties),
@@ -540,7 +549,7 @@ enum Target {
 
 impl Target {
     /// The file, opened if not yet with the dictionaries the first
-    /// buffer's `columns` (as [`history_columns`] lays them out) choose;
+    /// buffer's `columns` (as [`history_schema`] lays them out) choose;
     /// without a buffer (no change came), Parquet's defaults.
     fn open(
         self,
@@ -553,8 +562,7 @@ impl Target {
             Target::Unopened(output, key, props) => {
                 let n = shape.columns.len();
                 let props = match columns {
-                    // Data columns, then `_op`, `_seq`, `_lsn`.
-                    Some(c) => dictionaries_for(props, shape, &c[..n], c[n + 2].as_ref()),
+                    Some(c) => dictionaries_for(props, shape, &c[..n], c[n + LSN].as_ref()),
                     None => props,
                 };
                 ParquetFile::create(&output, key, Arc::clone(schema), props)

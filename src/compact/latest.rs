@@ -48,11 +48,12 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use parquet::file::properties::WriterProperties;
 
+use super::columns::{absent_bits, left_out};
 use super::history::{Output, ParquetFile, dictionaries_for, table_dir};
 use super::manifest::Move;
 use super::read::{ChangeOp, TypedChange};
 use super::session::{ARCHIVE_URL, table_url};
-use super::spool::{Role, Spool, absent_bits, bucket_of, left_out};
+use super::spool::{Role, Spool, bucket_of};
 use super::typing::{Cell, TableShape, build_array, read_cells};
 use crate::{Error, Result};
 

@@ -281,12 +281,13 @@ async fn run(
             for read::TableChanges { table, batch, rows } in parsed.tables {
                 let (shape, start) = (shapes.shape(table), starts[table]);
                 match rows {
-                    Some(rows) => {
+                    // Read while the table's spool combined, and it still does.
+                    Some(rows) if !spool.takes_rows(&shape.table) => {
                         for change in rows {
                             spool.push(shape, &Arc::new(change)).await?;
                         }
                     }
-                    None => spool.count(shape, &batch.counts)?,
+                    _ => spool.count(shape, &batch.counts)?,
                 }
                 summary.changes += batch.len() as u64;
                 let hist = match &mut open[table] {

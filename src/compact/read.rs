@@ -223,8 +223,8 @@ impl Shapes {
     }
 
     /// Table `i`'s spool no longer combines changes: objects read from now
-    /// on give its changes as columns only. One read before still gives
-    /// rows, which the spool then only counts.
+    /// on give its changes as columns only. Objects read before still give
+    /// rows, which the run then only counts.
     pub fn stop_combining(&self, i: usize) {
         self.combines[i].store(false, Ordering::Relaxed);
     }

@@ -31,11 +31,11 @@
 //! 65,536 took compact's user CPU from 5.7-6.0 s to 5.5-5.75 s.
 //!
 //! A table spooled change by change takes its rows from the history
-//! writer ([`Spool::push_rows`]): [`change_rows`] builds them from the
-//! Arrow arrays the writer has just built for a buffer of 8,192 changes
-//! (adding the op, the old key and the left-out columns) and orders them
-//! by partition ([`partition_rows`]) while they are in cache, on the
-//! writer's encoding task; a round's file takes a slice of each buffer's
+//! writer ([`Spool::push_rows`]): [`change_rows`] takes them from the
+//! Arrow batch the parse built (`columns::ChangeBatch`: the history's
+//! columns, the op, the old key and the left-out columns) for a buffer of
+//! 8,192 changes or more, and orders them by partition ([`partition_rows`])
+//! on the writer's encoding task; a round's file takes a slice of each buffer's
 //! rows per partition. So a change is not held until its round is
 //! written: holding it a round long and converting it again from
 //! scattered rows made compact 8-22% slower (three alternated pairs).
@@ -75,7 +75,8 @@ use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use arrow::ipc::reader::FileReader;
 use arrow::ipc::writer::FileWriter;
 
-use super::columns::{Change, ChangeBatch, fill_absent_bits};
+use super::columns::{Change, ChangeBatch, absent_bits};
+use super::history;
 use super::read::{ChangeOp, TypedChange};
 use super::typing::{Cell, TableShape, build_array};
 use crate::{Error, Result};
@@ -206,19 +207,19 @@ pub struct Counts {
 
 impl Counts {
     /// Counts one change of a table with a key (in seq order); a change
-    /// without a key (but a truncate) places nothing: not counted.
-    pub fn add(&mut self, change: &Change<'_>) {
+    /// without a key (but a truncate) places nothing: not counted (`false`).
+    pub fn add(&mut self, change: &Change<'_>) -> bool {
         if change.op != ChangeOp::Truncate && change.key.is_none() {
-            return;
+            return false;
         }
         self.changes += 1;
         self.last_seq = change.seq;
-        let carry = change.moved_from().is_some() && change.cells.contains(&Cell::Absent);
-        self.carried_moves += carry as u64;
+        self.carried_moves += change.carries() as u64;
         if change.op == ChangeOp::Upsert {
             self.upserts += 1;
             self.upsert_bytes += change.row_bytes();
         }
+        true
     }
 
     /// Adds the counts of later changes.
@@ -377,6 +378,9 @@ impl TableSpool {
     /// changes counted since, which the history writer may still hand on).
     fn stop_combining(&mut self) {
         debug_assert!(self.combining, "stopped combining twice");
+        if !self.combining {
+            return;
+        }
         self.combining = false;
         self.pending = HashSet::default(); // its table's memory too
         self.rows_from = self.counts.last_seq + 1;
@@ -480,14 +484,11 @@ impl Spool {
         }
         let t = self.tables.get_mut(&shape.table).expect("inserted above");
         let view = Change::from(&**change);
-        let key = view.key;
-        if change.op != ChangeOp::Truncate && key.is_none() {
+        if !t.counts.add(&view) {
             return Ok(()); // no key to place it by: nothing to merge
         }
-        t.counts.add(&view);
-        let size = view.row_bytes() as usize;
-        let moved_from = view.moved_from();
-        let carry = moved_from.is_some() && change.cells.contains(&Cell::Absent);
+        let (key, size) = (view.key, view.row_bytes() as usize);
+        let (moved_from, carry) = (view.moved_from(), view.carries());
         if !t.combining {
             return Ok(()); // its row comes with the history's batch (push_rows)
         }
@@ -575,7 +576,7 @@ impl Spool {
 
     /// Adds the rows of `table`'s changes a buffer of the history writer
     /// held ([`change_rows`]): buffers come in seq order, each after its
-    /// changes were pushed. Only the rows of changes from the table's
+    /// changes were pushed or counted. Only the rows of changes from the table's
     /// switch to change by change on are kept (those before were pushed
     /// one by one): a change is then spooled without being held or
     /// converted to Arrow a second time.
@@ -826,18 +827,6 @@ impl Spooled {
     }
 }
 
-/// The columns `cells` leaves out (unchanged TOAST) as a bitmap, bit `j`
-/// of byte `j / 8` for column `j`; `None` when it leaves none out.
-pub fn absent_bits(cells: &[Cell]) -> Option<Vec<u8>> {
-    let mut bits = Vec::new();
-    fill_absent_bits(cells, &mut bits).then_some(bits)
-}
-
-/// Whether column `j` is left out in a bitmap of [`absent_bits`].
-pub fn left_out(bits: &[u8], j: usize) -> bool {
-    bits.get(j / 8).is_some_and(|b| b & (1 << (j % 8)) != 0)
-}
-
 /// Writes one round of a table: batch `p` of the file holds partition `p`
 /// (the rows pushed one by one, then those that came in batches: a round
 /// has both when its table stopped combining within it, see
@@ -1037,13 +1026,13 @@ pub fn change_rows(
     schema: &SchemaRef,
     changes: &ChangeBatch,
 ) -> Result<ChangeRows> {
-    let (n, history) = (shape.columns.len(), &changes.history);
+    let (n, history) = (changes.data_columns(), &changes.history);
     let mut columns: Vec<ArrayRef> = vec![
         Arc::new(UInt8Array::from(vec![ROLE_CHANGE; changes.len()])),
         Arc::clone(&changes.ops),
-        Arc::clone(&history[n + 1]),
-        Arc::clone(&history[n + 2]),
-        Arc::clone(&history[n + 3]),
+        Arc::clone(&history[n + history::SEQ]),
+        Arc::clone(&history[n + history::LSN]),
+        Arc::clone(&history[n + history::KEY]),
         Arc::clone(&changes.old_keys),
         Arc::clone(&changes.absent),
     ];
@@ -1078,7 +1067,7 @@ fn read_partitions(path: &Path, partitions: impl Iterator<Item = u32>) -> Result
 
 #[cfg(test)]
 mod tests {
-    use super::super::columns::change_batch;
+    use super::super::columns::{change_batch, left_out};
     use super::super::latest::{LatestView, MergeInput, merge_bucket};
     use super::super::session;
     use super::super::typing::read_cells;
