@@ -28,7 +28,11 @@
 //! end stops at once (see [`combining_may_pay`]). On the benchmark, whose
 //! first 1,000,000 changes are inserts of new keys, the first round held
 //! 353,381 changes before it showed nothing to combine; deciding after
-//! 65,536 took compact's user CPU from 5.7-6.0 s to 5.5-5.75 s.
+//! 65,536 took compact's user CPU from 5.7-6.0 s to 5.5-5.75 s. The
+//! price: a round that starts with 65,536 changes of new keys and changes
+//! those keys again later in the same round (a bulk load, then its
+//! updates) no longer combines them; its rows are spooled one per change,
+//! which costs the merge more rows, not correctness.
 //!
 //! A table spooled change by change takes its rows from the history
 //! writer ([`Spool::push_rows`]): [`change_rows`] takes them from the
