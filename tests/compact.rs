@@ -814,6 +814,62 @@ async fn a_table_that_stops_combining_within_a_round_merges_every_change() {
     assert!(latest == archive.expected, "the latest view differs");
 }
 
+/// A table without a key (REPLICA IDENTITY NOTHING) gets a history of
+/// every change and no latest view: its changes never reach the spool.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_without_a_key_gets_a_history_and_no_latest_view() {
+    use arrow::array::AsArray;
+    use arrow::datatypes::Int64Type;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let root = tempfile::tempdir().unwrap();
+    let schema = json!({"table": "public.t", "version": 1, "replica_identity": "nothing", "columns": [
+        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": false},
+        {"name": "doc", "type": "text", "type_oid": 25, "type_modifier": -1, "key": false},
+        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false}]});
+    let dir = root.path().join("_schemas/public.t");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("1.json"), schema.to_string()).unwrap();
+    let day = root.path().join("2026/11/30");
+    std::fs::create_dir_all(&day).unwrap();
+    let n = 1_000u64;
+    for first in (1..=n).step_by(100) {
+        let body: String = (first..first + 100)
+            .map(|seq| {
+                let (op, data) = match seq % 4 {
+                    0 => ("delete", Value::Null),
+                    1 => ("update", json!({"id": seq % 50, "n": seq})),
+                    _ => ("insert", json!({"id": seq % 50, "doc": format!("d{seq}"), "n": seq})),
+                };
+                json!({"op": op, "table": "public.t", "data": data, "old": null, "seq": seq,
+                       "idempotency_key": format!("k{seq}"), "commit_lsn": format!("0/{:X}", seq * 8)})
+                .to_string()
+                    + "\n"
+            })
+            .collect();
+        std::fs::write(day.join(format!("gen-{first}-{}.ndjson", first + 99)), body).unwrap();
+    }
+    let summary = compact_in_process(root.path(), 64 << 20).await;
+    assert_eq!(summary.changes, n);
+    assert_eq!((summary.latest_files, summary.latest_rows), (0, 0));
+    assert!(!root.path().join("latest").exists());
+    let mut seqs = Vec::new();
+    for file in walk(&root.path().join("parquet")) {
+        let file = std::fs::File::open(file).unwrap();
+        for batch in ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .build()
+            .unwrap()
+        {
+            let batch = batch.unwrap();
+            let column = batch.column_by_name("_seq").unwrap();
+            seqs.extend(column.as_primitive::<Int64Type>().values().iter().copied());
+        }
+    }
+    assert_eq!(seqs, (1..=n as i64).collect::<Vec<_>>());
+    // A rerun writes nothing new.
+    assert_eq!(compact_in_process(root.path(), 64 << 20).await.changes, 0);
+}
+
 /// Uploads changes `from..=to` of `archive` under `prefix`, as
 /// [`write_archive`] lays them out.
 async fn upload_archive(prefix: &str, archive: &GeneratedArchive, from: u64, to: u64) {
