@@ -8,7 +8,8 @@
 //! ```text
 //! listing (archive objects, schema records) --> manifest (plan: what is new,
 //!     grouped into files; stored before anything is written)
-//!     --> read (NDJSON lines -> typed changes, typing: records -> Arrow)
+//!     --> read (NDJSON lines -> typed changes, typing: records -> Arrow;
+//!         columns: each object's changes as an Arrow batch per table)
 //!     --> history (Parquet per table and date)  +  latest (merge, new generation)
 //!     --> manifest (commit: one PUT) --> delete the previous generation
 //! ```
