@@ -139,14 +139,6 @@ impl ChangeColumns {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.seqs.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.seqs.is_empty()
-    }
-
     /// Appends one change (its cells as the shape lays them out).
     pub fn append(&mut self, change: Change<'_>) {
         for (builder, cell) in self.data.iter_mut().zip(change.cells) {

@@ -102,9 +102,8 @@ pub fn history_key(
     )
 }
 
-/// Where `_op`, `_seq`, `_lsn` and `_key` are among the history's columns,
-/// after the data columns (see [`history_schema`]).
-pub const OP: usize = 0;
+/// Where `_seq`, `_lsn` and `_key` are among the history's columns, after
+/// the data columns and `_op` (see [`history_schema`]).
 pub const SEQ: usize = 1;
 pub const LSN: usize = 2;
 pub const KEY: usize = 3;

@@ -550,13 +550,7 @@ fn read_ahead(
                     bodies
                         .iter()
                         .map(|(key, from_seq, body)| {
-                            let reader = read::ObjectReader::new(
-                                &shapes,
-                                *from_seq,
-                                &starts,
-                                body.len() / 200 + 1,
-                            );
-                            parse_object(&shapes, reader, key, body)
+                            parse_object(&shapes, &starts, key, *from_seq, body)
                         })
                         .collect::<Result<Vec<_>>>()
                 })
@@ -578,14 +572,18 @@ fn read_ahead(
     }
 }
 
-/// The changes of one object, read by `reader` (made for about one line
-/// per 200 bytes); an error names the object and the line.
+/// The changes of one object to compact: from seq `from_seq` on, table
+/// `i`'s from `starts[i]` on (see [`read::ObjectReader`]); an error names
+/// the object and the line.
 fn parse_object(
     shapes: &read::Shapes,
-    mut reader: read::ObjectReader,
+    starts: &[u64],
     key: &str,
+    from_seq: u64,
     body: &[u8],
 ) -> Result<read::ObjectChanges> {
+    // About one line per 200 bytes.
+    let mut reader = read::ObjectReader::new(shapes, from_seq, starts, body.len() / 200 + 1);
     // Checked whole, faster than line by line; an object that is not UTF-8
     // is read line by line, so the error says which line and where.
     let text = std::str::from_utf8(body).ok();

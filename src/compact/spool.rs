@@ -1139,6 +1139,19 @@ mod tests {
         out
     }
 
+    /// The seqs of every row spooled for `table`, over all its rounds, in
+    /// order (a finished spool).
+    fn spooled_seqs(spool: &Spool, table: &str) -> Vec<u64> {
+        let mut seqs: Vec<u64> = spool
+            .rounds(table)
+            .iter()
+            .flat_map(|file| read_steps(spool, table, file, 0, 1))
+            .map(|step| step.seq())
+            .collect();
+        seqs.sort();
+        seqs
+    }
+
     /// The spool rows of `changes` as a history writer's buffer gives them.
     fn rows_of(shape: &TableShape, changes: &[Arc<TypedChange>]) -> ChangeRows {
         change_rows(shape, &spool_schema(shape), &change_batch(shape, changes)).unwrap()
@@ -1402,13 +1415,7 @@ mod tests {
                     .unwrap();
             }
             spool.finish().await.unwrap();
-            let mut seqs: Vec<u64> = spool
-                .rounds("public.t")
-                .iter()
-                .flat_map(|file| read_steps(&spool, "public.t", file, 0, 1))
-                .map(|step| step.seq())
-                .collect();
-            seqs.sort();
+            let seqs = spooled_seqs(&spool, "public.t");
             // Combined: the last change of each key; else every change.
             let want: Vec<u64> = if combining {
                 (n - 999..=n).collect()
@@ -1459,13 +1466,7 @@ mod tests {
                 .await
                 .unwrap();
             spool.finish().await.unwrap();
-            let mut seqs: Vec<u64> = spool
-                .rounds("public.t")
-                .iter()
-                .flat_map(|file| read_steps(&spool, "public.t", file, 0, 1))
-                .map(|step| step.seq())
-                .collect();
-            seqs.sort();
+            let seqs = spooled_seqs(&spool, "public.t");
             assert_eq!(seqs, (1..=40).collect::<Vec<u64>>(), "buffers of {buffer}");
         }
     }
