@@ -194,7 +194,7 @@ impl Upload {
             None => {
                 // Should a response be lost, a retry starts a second upload
                 // and the first is never completed: a bucket lifecycle rule
-                // on incomplete uploads removes it (see the README).
+                // on incomplete uploads removes it (see docs/compaction.md).
                 let id = super::listing::retrying(|| async {
                     store
                         .create_multipart(path)

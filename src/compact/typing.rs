@@ -4,10 +4,11 @@
 //! versions, in order), so a column added later simply appears; a column
 //! whose type changed takes a type that holds both exactly ([`Kind::widen`])
 //! or, when none does, text. Values are parsed from the JSON the source
-//! renders (README "Values") into [`Cell`]s, the one in-memory form shared by
-//! the history writer, the latest view and, later, `query`.
+//! renders (docs/output-contract.md, "Values") into [`Cell`]s, the one
+//! in-memory form shared by the history writer, the latest view and, later,
+//! `query`.
 //!
-//! The mapping (also in the README, "Compacting to Parquet"):
+//! The mapping (also in docs/compaction.md, "Types"):
 //! int2/int4/int8/oid -> Int16/Int32/Int64, float4/float8 -> Float32/Float64
 //! (NaN and infinities kept), bool, numeric(p,s) with p <= 38 -> Decimal128(p,s),
 //! date -> Date32, timestamp -> Timestamp(us), timestamptz -> Timestamp(us, UTC)

@@ -323,7 +323,7 @@ async fn sql_checks(
             Status::Advice,
             "logical_decoding_work_mem",
             format!("{} MB: transactions larger than this spill to disk while being decoded", kb / 1024),
-            "ALTER SYSTEM SET logical_decoding_work_mem = '1GB'; SELECT pg_reload_conf();  (faster for large transactions; see the README's tuning section)",
+            "ALTER SYSTEM SET logical_decoding_work_mem = '1GB'; SELECT pg_reload_conf();  (faster for large transactions; see Tuning in docs/operations.md)",
         )
     });
     Ok(())
