@@ -43,9 +43,11 @@ use crate::telemetry::{LagWatch, METRICS};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering::Relaxed;
 
-/// Events buffered between the source and the pipeline. Small: backpressure
-/// should reach Postgres quickly, and each event holds a rendered row.
-const EVENT_CHANNEL: usize = 4096;
+/// Event batches buffered between the source and the pipeline (of at most
+/// [`stream::EVENT_BATCH`] events each, so about 4,096 events). Small:
+/// backpressure should reach Postgres quickly, and each event holds a
+/// rendered row.
+const EVENT_CHANNEL: usize = 16;
 /// Status updates go out at least this often even while the pipeline is
 /// blocked, and at least three times per wal_sender_timeout (see
 /// [`status_interval`]), so the server never drops us as unresponsive.
@@ -591,7 +593,7 @@ struct Pipeline<'a> {
 impl Pipeline<'_> {
     async fn run(
         &mut self,
-        mut rx: mpsc::Receiver<SourceEvent>,
+        mut rx: mpsc::Receiver<Vec<SourceEvent>>,
         mut shutdown: Shutdown,
     ) -> Result<Ended> {
         let mut confirm_tick = tokio::time::interval(CONFIRM_INTERVAL);
@@ -601,6 +603,8 @@ impl Pipeline<'_> {
         let mut stopping: Option<Ended> = None;
         let mut source_open = true;
         let mut shutdown_open = true;
+        // The rest of the last batch from the source, taken a burst at a time.
+        let mut inbox = Vec::new().into_iter();
         loop {
             let rate_wait = self.dispatch()?;
             if let Some(reason) = &stopping
@@ -665,21 +669,13 @@ impl Pipeline<'_> {
                         self.backfill.poke(self.checkpoint)?;
                     }
                 }
-                event = rx.recv(), if accepting => match event {
-                    Some(event) => {
-                        self.event(event).await?;
-                        // The events already there, without another turn
-                        // of the loop each (the stop request and finished
-                        // uploads are looked at between bursts).
-                        for _ in 0..DRAIN_BURST {
-                            if self.waiting.len() >= self.waiting_max {
-                                break;
-                            }
-                            match rx.try_recv() {
-                                Ok(event) => self.event(event).await?,
-                                Err(_) => break,
-                            }
-                        }
+                _ = std::future::ready(()), if accepting && inbox.len() > 0 => {
+                    self.take_events(&mut inbox, &mut rx).await?;
+                }
+                batch = rx.recv(), if accepting && inbox.len() == 0 => match batch {
+                    Some(batch) => {
+                        inbox = batch.into_iter();
+                        self.take_events(&mut inbox, &mut rx).await?;
                     }
                     None => {
                         source_open = false;
@@ -692,6 +688,31 @@ impl Pipeline<'_> {
                 },
             }
         }
+    }
+
+    /// Handles the events already received, up to [`DRAIN_BURST`] of them
+    /// without another turn of the loop (the stop request and finished
+    /// uploads are looked at between bursts), and fewer once cut batches
+    /// wait for upload slots (backpressure).
+    async fn take_events(
+        &mut self,
+        inbox: &mut std::vec::IntoIter<SourceEvent>,
+        rx: &mut mpsc::Receiver<Vec<SourceEvent>>,
+    ) -> Result<()> {
+        let mut handled = 0;
+        while handled < DRAIN_BURST && self.waiting.len() < self.waiting_max {
+            match inbox.next() {
+                Some(event) => {
+                    self.event(event).await?;
+                    handled += 1;
+                }
+                None => match rx.try_recv() {
+                    Ok(batch) => *inbox = batch.into_iter(),
+                    Err(_) => break,
+                },
+            }
+        }
+        Ok(())
     }
 
     async fn event(&mut self, event: SourceEvent) -> Result<()> {

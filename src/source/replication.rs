@@ -259,6 +259,14 @@ impl FrameReader {
         }))
     }
 
+    /// Whether a whole frame is already in the buffer (the next read will not
+    /// wait for the network).
+    fn has_frame(&self) -> bool {
+        self.buf.len() >= 5
+            && self.buf.len()
+                > u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize
+    }
+
     async fn next_frame(&mut self) -> Result<Frame, ReplicationError> {
         loop {
             if let Some(frame) = self.try_frame()? {
@@ -958,6 +966,12 @@ impl std::fmt::Debug for ReplicationStream {
 }
 
 impl ReplicationStream {
+    /// Whether the next message has already been received, so [`Self::next`]
+    /// returns without waiting for the network.
+    pub fn has_buffered(&self) -> bool {
+        self.reader.has_frame()
+    }
+
     /// Next message; `Ok(None)` once the server has ended the copy (CopyDone,
     /// CommandComplete, ReadyForQuery) and on every call after that.
     ///
@@ -1409,6 +1423,38 @@ mod tests {
             cancelled > N,
             "cancellation was not exercised ({cancelled})"
         );
+    }
+
+    /// The source sends the events of every message already received as
+    /// one batch: `has_buffered` must say yes exactly while a whole frame
+    /// waits, never for a partial one (that would wait on the network).
+    #[tokio::test]
+    async fn has_buffered_is_true_only_for_whole_received_frames() {
+        let (mut wr, rd) = tokio::io::duplex(1 << 16);
+        let mut stream = stream_over(rd);
+        assert!(!stream.has_buffered());
+        let mut two = xlogdata_frame(1, b"I1");
+        two.extend(xlogdata_frame(2, b"I2"));
+        let second = xlogdata_frame(3, b"I3");
+        two.extend_from_slice(&second[..10]);
+        wr.write_all(&two).await.unwrap();
+        // One read takes all three (the last one cut short).
+        assert!(matches!(
+            stream.next().await.unwrap(),
+            Some(ReplicationMessage::XLogData { wal_start: 1, .. })
+        ));
+        assert!(stream.has_buffered());
+        assert!(matches!(
+            stream.next().await.unwrap(),
+            Some(ReplicationMessage::XLogData { wal_start: 2, .. })
+        ));
+        assert!(!stream.has_buffered(), "a partial frame is not a message");
+        wr.write_all(&second[10..]).await.unwrap();
+        assert!(matches!(
+            stream.next().await.unwrap(),
+            Some(ReplicationMessage::XLogData { wal_start: 3, .. })
+        ));
+        assert!(!stream.has_buffered());
     }
 
     #[tokio::test]
