@@ -14,16 +14,22 @@
 #      by `waltail run` into a local folder (no store on the cores: waltail's
 #      own ceiling);
 #   2. commit-to-object latency: pgbench drives LAT_RATE one-row transactions/s
-#      (default 2000) for LAT_SECONDS (default 30) into a streaming waltail
-#      writing to a local folder; each row carries clock_timestamp() at insert,
-#      each object's arrival is its file's mtime (the object is written to a
-#      staging file and renamed); prints p50/p99/max.
+#      (default 2000) for LAT_SECONDS (default 30) into a streaming waltail,
+#      once writing to a local folder and once to SeaweedFS; each row carries
+#      clock_timestamp() at insert; an object arrives at its file's mtime
+#      (the folder store writes a staging file and renames it) or, in S3,
+#      when its PUT returned (waltail's debug log line for it); prints
+#      p50/p99/max.
+# With several binaries in BENCH_BIN (an A/B), each backlog and latency pass
+# is run by each binary in turn, ROUNDS times (default 1): A B A B ..., so
+# both share the machine's moment; print `md5sum` of both first.
 # Uses its own Postgres (port 55480) and SeaweedFS (ports 18600-18609), so it
 # can run beside the tests (not beside another benchmark); stops both by pid
 # at the end.
 # Usage: scripts/bench-e2e.sh                      (release build; ~10 min)
 #        SCALE=0.1 LAT_SECONDS=10 scripts/bench-e2e.sh   (quick check)
 #        BENCH_BIN=path/to/waltail scripts/bench-e2e.sh  (that binary, no build)
+#        BENCH_BIN="old/waltail new/waltail" ROUNDS=3 scripts/bench-e2e.sh  (A/B, alternated)
 #        BACKLOGS=a LAT_SECONDS=0 WORK_MEM=1GB scripts/bench-e2e.sh  (backlog a only, no
 #          latency run, the big transaction kept in the server's memory)
 set -euo pipefail
@@ -36,7 +42,7 @@ LAT_SECONDS=${LAT_SECONDS:-30}
 # protocol 1) or streamed to the client while in progress (waltail, protocol
 # 2). WORK_MEM=1GB keeps a SCALE=1 transaction in the server's memory.
 WORK_MEM=${WORK_MEM:-64MB}
-# Which backlogs to run (any of a, b, c).
+# Which backlogs to run (any of a, b, c; c updates the rows a inserted).
 BACKLOGS=${BACKLOGS:-abc}
 scaled() { awk -v n="$1" -v s="$SCALE" 'BEGIN { v = int(n * s); print (v < 1 ? 1 : v) }'; }
 ROWS_A=$(scaled 1000000)     # a: rows in the one transaction
@@ -56,10 +62,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if [ -n "${BENCH_BIN:-}" ]; then bin=$BENCH_BIN; else
+# BENCH_BIN may name several binaries (space-separated): each backlog is then
+# drained by each of them in turn, ROUNDS times (A B A B ...), so an A/B
+# comparison shares the machine's moment; the summary has a row per binary
+# and round.
+if [ -n "${BENCH_BIN:-}" ]; then read -r -a bins <<<"$BENCH_BIN"; else
   cargo build --release --quiet
-  bin=${CARGO_TARGET_DIR:-target}/release/waltail
+  bins=("${CARGO_TARGET_DIR:-target}/release/waltail")
 fi
+ROUNDS=${ROUNDS:-1}
+for b in "${bins[@]}"; do [ -x "$b" ] || { echo "not an executable: $b" >&2; exit 2; }; done
+[ "${#bins[@]}" -gt 1 ] && md5sum "${bins[@]}"
+bin=${bins[0]}
 url=$(scripts/pg-start.sh)
 scripts/s3-start.sh >/dev/null
 psql() { "$PG_BIN/psql" -X -q -t -A -v ON_ERROR_STOP=1 "$url" "$@"; }
@@ -100,9 +114,9 @@ start_waltail() {
     env -u WALTAIL_DESTINATION_BUCKET -u WALTAIL_DESTINATION_ENDPOINT -u WALTAIL_DESTINATION_USE_PATH_STYLE \
       -u WALTAIL_DESTINATION_ACCESS_KEY_ID -u WALTAIL_DESTINATION_SECRET_ACCESS_KEY -u WALTAIL_DESTINATION_PREFIX \
       WALTAIL_DESTINATION_TYPE=file WALTAIL_DESTINATION_PATH="$FOLDER" \
-      WALTAIL_PIPELINE=$1 WALTAIL_STATE_DIR=$work/state-$1 "$bin" run 2>>"$log" &
+      WALTAIL_PIPELINE=$1 WALTAIL_STATE_DIR=$work/state-$1 "$bin" --log-format "${LOG_FORMAT:-text}" run 2>>"$log" &
   else
-    WALTAIL_PIPELINE=$1 WALTAIL_STATE_DIR=$work/state-$1 "$bin" run 2>>"$log" &
+    WALTAIL_PIPELINE=$1 WALTAIL_STATE_DIR=$work/state-$1 "$bin" --log-format "${LOG_FORMAT:-text}" run 2>>"$log" &
   fi
   wt=$!
   until [ "$(streamed "$log")" -gt "$before" ]; do
@@ -114,20 +128,45 @@ stop_waltail() { kill -INT "$wt"; wait "$wt"; wt=; }
 # CPU seconds (user + system) a process has used so far.
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat"; }
 weed_pid=$(cat "$S3_ROOT/weed.pid")
+# CPU seconds Postgres's exited backends have used so far (the walsender of a
+# drain is counted once its connection has closed): the server's side of a drain.
+pm_pid=$(head -1 "$PG_ROOT/data/postmaster.pid")
+server_cpu() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($16 + $17) / hz }' "/proc/$pm_pid/stat"; }
+since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 BATCH=${WALTAIL_DELIVERY_BATCH_SIZE:-100}
 
 table=()
+# drain_waltail SLOT PIPELINE END: drains the backlog through `waltail run`
+# (into SeaweedFS, or a folder with FOLDER set) until the slot has confirmed
+# END; sets secs, peak, wt_cpu and weed_cpu.
+drain_waltail() {
+  local t0 weed0 pg0; t0=$(now); weed0=$(cpu_s "$weed_pid"); pg0=$(server_cpu)
+  WALTAIL_SOURCE_SLOT=$1 start_waltail "$2"
+  wait_confirmed "$1" "$3"
+  secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
+  peak=$(hwm "$wt"); wt_cpu=$(cpu_s "$wt")
+  weed_cpu=$(awk -v a="$weed0" -v b="$(cpu_s "$weed_pid")" 'BEGIN { print b - a }')
+  stop_waltail
+  psql -c "SELECT pg_drop_replication_slot('$1')" >/dev/null
+  pg_cpu=$(since "$pg0" "$(server_cpu)")
+}
 # backlog NAME LABEL CHANGES SQL...: the SQL (run in one session with
-# synchronous_commit off) writes the backlog.
+# synchronous_commit off) writes the backlog; every round drains it once by
+# pg_recvlogical and once by each binary into SeaweedFS and into a folder.
 backlog() {
   local name=$1 label=$2 changes=$3; shift 3
   echo "== $label ($changes changes)"
-  export WALTAIL_SOURCE_TABLES=public.bench WALTAIL_SOURCE_PUBLICATION=bench_pub
-  export WALTAIL_SOURCE_SLOT=wt_$name WALTAIL_DESTINATION_PREFIX=$name
-  psql -c "SELECT pg_create_logical_replication_slot('ceiling_$name', 'pgoutput')" >/dev/null
-  # waltail's slots are created by waltail itself, so that its state knows them.
-  start_waltail "e2e_$name"; stop_waltail
-  WALTAIL_SOURCE_SLOT=wtf_$name FOLDER=$work/folder-$name start_waltail "e2f_$name"; stop_waltail
+  export WALTAIL_SOURCE_TABLES=public.bench WALTAIL_SOURCE_PUBLICATION=bench_pub WALTAIL_DESTINATION_PREFIX=$name
+  local r i
+  for r in $(seq "$ROUNDS"); do
+    psql -c "SELECT pg_create_logical_replication_slot('ceiling_${name}_$r', 'pgoutput')" >/dev/null
+    for i in "${!bins[@]}"; do
+      # waltail's slots are created by waltail itself, so that its state knows them.
+      bin=${bins[$i]}
+      WALTAIL_SOURCE_SLOT=wt_${name}_${i}_$r start_waltail "e2e_${name}_${i}_$r"; stop_waltail
+      WALTAIL_SOURCE_SLOT=wtf_${name}_${i}_$r FOLDER=$work/folder start_waltail "e2f_${name}_${i}_$r"; stop_waltail
+    done
+  done
 
   local t0 t1; t0=$(now)
   psql -c "SET synchronous_commit = off" "$@"
@@ -136,48 +175,40 @@ backlog() {
   local end; end=$(psql -c "SELECT pg_current_wal_lsn()")
   echo "   written in $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s; WAL end $end"
 
-  t0=$(now)
-  "$PG_BIN/pg_recvlogical" -d "$url" --slot "ceiling_$name" --start --plugin=pgoutput \
-    -o proto_version=1 -o publication_names=bench_pub -f /dev/null --endpos "$end" &
-  bg=$!; wait "$bg"; bg=
-  t1=$(now)
-  local ceil_t; ceil_t=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
-  psql -c "SELECT pg_drop_replication_slot('ceiling_$name')" >/dev/null
-
-  t0=$(now)
-  local weed0; weed0=$(cpu_s "$weed_pid")
-  start_waltail "e2e_$name"
-  wait_confirmed "wt_$name" "$end"
-  t1=$(now)
-  local peak; peak=$(hwm "$wt")
-  local wt_cpu; wt_cpu=$(cpu_s "$wt")
-  local weed_cpu; weed_cpu=$(awk -v a="$weed0" -v b="$(cpu_s "$weed_pid")" 'BEGIN { print b - a }')
-  stop_waltail
-  local wt_t; wt_t=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
-  local got; got=$(archived "$work/state-e2e_$name/e2e_$name.sqlite")
-  [ "$got" = "$changes" ] || echo "   WARNING: waltail archived $got changes, expected $changes"
-  psql -c "SELECT pg_drop_replication_slot('wt_$name')" >/dev/null
-
-  t0=$(now)
-  WALTAIL_SOURCE_SLOT=wtf_$name FOLDER=$work/folder-$name start_waltail "e2f_$name"
-  wait_confirmed "wtf_$name" "$end"
-  t1=$(now)
-  stop_waltail
-  local wf_t; wf_t=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
-  psql -c "SELECT pg_drop_replication_slot('wtf_$name')" >/dev/null
-  rm -rf "$work/folder-$name"
-
-  local c w f; c=$(rate "$changes" "$ceil_t"); w=$(rate "$changes" "$wt_t"); f=$(rate "$changes" "$wf_t")
   local objects=$(( (changes + BATCH - 1) / BATCH ))
-  local per_obj; per_obj=$(awk -v w="$wt_cpu" -v s="$weed_cpu" -v n="$objects" \
-    'BEGIN { printf "%.2f / %.2f", w * 1000 / n, s * 1000 / n }')
-  printf '   pg_recvlogical %.2f s = %s changes/s; waltail %.2f s = %s changes/s (%s archived); peak RSS %s\n' \
-    "$ceil_t" "$c" "$wt_t" "$w" "$got" "$peak"
-  printf '   CPU per object (%s objects): waltail %s SeaweedFS ms; waltail into a local folder %.2f s = %s changes/s\n' \
-    "$objects" "$per_obj" "$wf_t" "$f"
-  table+=("$(printf '%-30s | %24s | %17s | %5s | %16s | %21s | %5s | %s' "$label" "$c" "$w" \
-    "$(awk -v a="$w" -v b="$c" 'BEGIN { printf "%.2f", a / b }')" "$per_obj" "$f" \
-    "$(awk -v a="$f" -v b="$c" 'BEGIN { printf "%.2f", a / b }')" "$peak")")
+  for r in $(seq "$ROUNDS"); do
+    t0=$(now)
+    local pg0; pg0=$(server_cpu)
+    "$PG_BIN/pg_recvlogical" -d "$url" --slot "ceiling_${name}_$r" --start --plugin=pgoutput \
+      -o proto_version=1 -o publication_names=bench_pub -f /dev/null --endpos "$end" &
+    bg=$!; wait "$bg"; bg=
+    t1=$(now)
+    local ceil_t; ceil_t=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+    psql -c "SELECT pg_drop_replication_slot('ceiling_${name}_$r')" >/dev/null
+    local c; c=$(rate "$changes" "$ceil_t")
+    sleep 0.2   # the walsender exits and is counted
+    printf '   round %s: pg_recvlogical %.2f s = %s changes/s; server CPU %s s\n' "$r" "$ceil_t" "$c" "$(since "$pg0" "$(server_cpu)")"
+    for i in "${!bins[@]}"; do
+      bin=${bins[$i]}
+      drain_waltail "wt_${name}_${i}_$r" "e2e_${name}_${i}_$r" "$end"
+      local wt_t=$secs w_peak=$peak w_pg=$pg_cpu
+      local got; got=$(archived "$work/state-e2e_${name}_${i}_$r/e2e_${name}_${i}_$r.sqlite")
+      [ "$got" = "$changes" ] || echo "   WARNING: waltail archived $got changes, expected $changes"
+      local per_obj; per_obj=$(awk -v w="$wt_cpu" -v s="$weed_cpu" -v n="$objects" \
+        'BEGIN { printf "%.2f / %.2f", w * 1000 / n, s * 1000 / n }')
+      FOLDER=$work/folder drain_waltail "wtf_${name}_${i}_$r" "e2f_${name}_${i}_$r" "$end"
+      local wf_t=$secs wf_pg=$pg_cpu wf_cpu; wf_cpu=$(awk -v w="$wt_cpu" -v n="$objects" 'BEGIN { printf "%.2f", w * 1000 / n }')
+      rm -rf "$work/folder"
+      local w f; w=$(rate "$changes" "$wt_t"); f=$(rate "$changes" "$wf_t")
+      local who=$label; [ "${#bins[@]}" -gt 1 ] && who="$label [bin $((i + 1))]"
+      [ "$ROUNDS" -gt 1 ] && who="$who r$r"
+      printf '   %s: waltail %.2f s = %s changes/s (server CPU %s s); CPU per object (%s objects): waltail %s SeaweedFS ms; into a local folder %.2f s = %s changes/s (waltail CPU %s ms/object, server CPU %s s); peak RSS %s\n' \
+        "$who" "$wt_t" "$w" "$w_pg" "$objects" "$per_obj" "$wf_t" "$f" "$wf_cpu" "$wf_pg" "$w_peak"
+      table+=("$(printf '%-38s | %24s | %17s | %5s | %16s | %21s | %5s | %s' "$who" "$c" "$w" \
+        "$(awk -v a="$w" -v b="$c" 'BEGIN { printf "%.2f", a / b }')" "$per_obj" "$f" \
+        "$(awk -v a="$f" -v b="$c" 'BEGIN { printf "%.2f", a / b }')" "$w_peak")")
+    done
+  done
 }
 
 [[ $BACKLOGS != *a* ]] || backlog a "a. 1 tx x $ROWS_A inserts" "$ROWS_A" \
@@ -194,32 +225,68 @@ backlog() {
         COMMIT;
       END LOOP; END \$\$"
 
+lat_rows=()
 if [ "$LAT_SECONDS" != 0 ]; then
-echo "== latency: $LAT_RATE one-row tx/s for $LAT_SECONDS s, destination a local folder"
 psql -c "CREATE TABLE lat (id bigserial PRIMARY KEY, at timestamptz NOT NULL)"
-unset WALTAIL_SOURCE_PUBLICATION WALTAIL_DESTINATION_PREFIX \
-  WALTAIL_DESTINATION_BUCKET WALTAIL_DESTINATION_ENDPOINT WALTAIL_DESTINATION_USE_PATH_STYLE \
-  WALTAIL_DESTINATION_ACCESS_KEY_ID WALTAIL_DESTINATION_SECRET_ACCESS_KEY
-export WALTAIL_SOURCE_TABLES=public.lat WALTAIL_SOURCE_SLOT=wt_lat WALTAIL_DESTINATION_TYPE=file WALTAIL_DESTINATION_PATH=$work/lat-archive
-start_waltail e2e_lat
 echo "INSERT INTO lat (at) VALUES (clock_timestamp());" >"$work/lat.sql"
-"$PG_BIN/pgbench" -n -f "$work/lat.sql" -R "$LAT_RATE" -T "$LAT_SECONDS" -c 8 -j 2 "$url" >"$work/pgbench.out" 2>&1 &
-bg=$!; wait "$bg"; bg=
-wait_confirmed wt_lat "$(psql -c "SELECT pg_current_wal_lsn()")"
-lat_peak=$(hwm "$wt")
-stop_waltail
-rows=$(psql -c "SELECT count(*) FROM lat")
-tps=$(awk '/^tps/ { printf "%.0f", $3 }' "$work/pgbench.out")
-lat=$(python3 - "$work/lat-archive" "$rows" <<'PY'
+export WALTAIL_SOURCE_TABLES=public.lat WALTAIL_LOG=info,waltail::pipeline=debug
+unset WALTAIL_SOURCE_PUBLICATION
+# latency DEST RUN: pgbench drives LAT_RATE one-row transactions/s for
+# LAT_SECONDS into a streaming waltail writing to DEST (folder or s3); each
+# row carries clock_timestamp() at insert. An object arrives at its file's
+# mtime (the folder store writes a staging file and renames it) or, in S3,
+# when its PUT returned (waltail's debug line "archived", then the object is
+# fetched to read its rows).
+latency() {
+  local dest=$1 run=$2 from; from=$(psql -c "SELECT coalesce(max(id), 0) FROM lat")
+  if [ "$dest" = folder ]; then
+    FOLDER=$work/lat-$run WALTAIL_SOURCE_SLOT=wt_$run start_waltail "$run"
+  else
+    LOG_FORMAT=json WALTAIL_DESTINATION_PREFIX=$run WALTAIL_SOURCE_SLOT=wt_$run start_waltail "$run"
+  fi
+  "$PG_BIN/pgbench" -n -f "$work/lat.sql" -R "$LAT_RATE" -T "$LAT_SECONDS" -c 8 -j 2 "$url" >"$work/pgbench.out" 2>&1 &
+  bg=$!; wait "$bg"; bg=
+  wait_confirmed "wt_$run" "$(psql -c "SELECT pg_current_wal_lsn()")"
+  local lat_peak; lat_peak=$(hwm "$wt")
+  stop_waltail
+  psql -c "SELECT pg_drop_replication_slot('wt_$run')" >/dev/null
+  local rows tps; rows=$(psql -c "SELECT count(*) FROM lat WHERE id > $from")
+  tps=$(awk '/^tps/ { printf "%.0f", $3 }' "$work/pgbench.out")
+  local objects=$work/lat-$run
+  if [ "$dest" = s3 ]; then
+    # The log's "archived" lines name each object and when its PUT returned.
+    mkdir -p "$objects"
+    python3 - "$work/$run.log" "$objects/arrivals" <<'PY'
+import datetime, json, sys
+with open(sys.argv[2], "w") as out:
+    for line in open(sys.argv[1]):
+        if not line.startswith("{"):
+            continue
+        e = json.loads(line)
+        if e.get("message") == "archived" and "key" in e:
+            t = datetime.datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+            out.write(f"{e['key']} {t}\n")
+PY
+    while read -r key _; do
+      curl -sf --aws-sigv4 "aws:amz:us-east-1:s3" --user "$WALTAIL_DESTINATION_ACCESS_KEY_ID:$WALTAIL_DESTINATION_SECRET_ACCESS_KEY" \
+        -o "$objects/$(basename "$key")" "$WALTAIL_DESTINATION_ENDPOINT/$WALTAIL_DESTINATION_BUCKET/$key"
+    done <"$objects/arrivals"
+  fi
+  local lat; lat=$(python3 - "$objects" "$rows" <<'PY'
 import datetime, json, os, sys
 root, rows = sys.argv[1], int(sys.argv[2])
+arrivals = {}
+if os.path.exists(os.path.join(root, "arrivals")):
+    for line in open(os.path.join(root, "arrivals")):
+        key, t = line.split()
+        arrivals[os.path.basename(key)] = float(t)
 lat = []
 for d, _, files in os.walk(root):
     for f in files:
         if not f.endswith(".ndjson"):
             continue
         p = os.path.join(d, f)
-        arrived = os.stat(p).st_mtime_ns / 1e9
+        arrived = arrivals.get(f, os.stat(p).st_mtime_ns / 1e9) if arrivals else os.stat(p).st_mtime_ns / 1e9
         with open(p) as fh:
             for line in fh:
                 at = datetime.datetime.fromisoformat(json.loads(line)["data"]["at"]).timestamp()
@@ -230,11 +297,25 @@ note = "" if len(lat) == rows else f" (WARNING: {len(lat)} lines for {rows} rows
 print(f"p50 {pct(0.50):.0f} ms, p99 {pct(0.99):.0f} ms, max {lat[-1] * 1000:.0f} ms over {len(lat)} changes{note}")
 PY
 )
-
+  lat_rows+=("$(printf '%-22s %-7s at %5s tx/s: %s; peak RSS %s' "$3" "$dest" "$tps" "$lat" "$lat_peak")")
+  echo "   ${lat_rows[-1]}"
+}
+echo "== latency: $LAT_RATE one-row tx/s for $LAT_SECONDS s, commit to object"
+for r in $(seq "$ROUNDS"); do
+  for i in "${!bins[@]}"; do
+    bin=${bins[$i]}
+    who=waltail; [ "${#bins[@]}" -gt 1 ] && who="bin $((i + 1))"; [ "$ROUNDS" -gt 1 ] && who="$who r$r"
+    latency folder "lat_f_${i}_$r" "$who"
+    latency s3 "lat_s_${i}_$r" "$who"
+  done
+done
 fi
 echo
 echo "== summary (SCALE=$SCALE, $(nproc) cores, $("$PG_BIN/postgres" --version | awk '{print $3}'), logical_decoding_work_mem $WORK_MEM, batch_size ${WALTAIL_DELIVERY_BATCH_SIZE:-100}, max_in_flight ${WALTAIL_DELIVERY_MAX_IN_FLIGHT:-4})"
-printf '%-30s | %24s | %17s | %5s | %16s | %21s | %5s | %s\n' backlog "pg_recvlogical changes/s" "waltail changes/s" ratio \
+printf '%-38s | %24s | %17s | %5s | %16s | %21s | %5s | %s\n' backlog "pg_recvlogical changes/s" "waltail changes/s" ratio \
   "CPU ms/object w/s" "waltail→folder ch/s" ratio "waltail peak RSS"
 for row in "${table[@]}"; do echo "$row"; done
-[ "$LAT_SECONDS" = 0 ] || echo "latency at $tps tx/s (target $LAT_RATE) for $LAT_SECONDS s, commit to object (file mtime): $lat; peak RSS $lat_peak"
+if [ "$LAT_SECONDS" != 0 ]; then
+  echo "latency, commit to object ($LAT_RATE one-row tx/s targeted for $LAT_SECONDS s; folder: file mtime, S3: PUT returned):"
+  for row in "${lat_rows[@]}"; do echo "  $row"; done
+fi
