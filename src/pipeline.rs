@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::batch::{Batch, Batcher, Cut};
+use crate::batch::{self, Batch, Batcher, Cut};
 use crate::checkpoint::{self, Checkpoint, Cursor, ParkStatus, Parked, Progress};
 use crate::config::{Config, quote_ident};
 use crate::console::{Fate, JOURNAL};
@@ -52,6 +52,13 @@ const EVENT_CHANNEL: usize = 16;
 /// blocked, and at least three times per wal_sender_timeout (see
 /// [`status_interval`]), so the server never drops us as unresponsive.
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);
+/// Cut batches that may wait per upload slot (`delivery.max_in_flight`).
+/// Their intents are recorded together when the first of them starts, in
+/// one transaction and one sync of the state: into a local folder, that
+/// sync (it also writes out the objects' data before it) was the largest
+/// cost per object, and with one batch waiting per slot it came every two
+/// objects. The bytes waiting are capped too (see [`Pipeline::waiting_full`]).
+const WAITING_PER_UPLOAD: usize = 4;
 /// Events handled per turn of the pipeline's loop when they are queued.
 const DRAIN_BURST: usize = 256;
 /// How often the confirmed position is persisted and sent while changes flow.
@@ -336,7 +343,8 @@ async fn session(
         txns: VecDeque::new(),
         open_txn: false,
         waiting: VecDeque::new(),
-        waiting_max: config.delivery.max_in_flight.max(1),
+        waiting_max: config.delivery.max_in_flight.max(1) * WAITING_PER_UPLOAD,
+        waiting_bytes: 0,
         confirm: confirm_tx,
         stats: Stats::default(),
         window: None,
@@ -576,8 +584,11 @@ struct Pipeline<'a> {
     open_txn: bool,
     /// Cut batches waiting for an upload slot, in seq order.
     waiting: VecDeque<Batch>,
-    /// How many batches may wait (`delivery.max_in_flight`).
+    /// How many batches may wait ([`WAITING_PER_UPLOAD`] per upload slot).
     waiting_max: usize,
+    /// The bytes of the waiting batches' bodies (at most about
+    /// [`batch::MAX_BATCH_BYTES`] wait, whatever the count).
+    waiting_bytes: usize,
     confirm: watch::Sender<u64>,
     stats: Stats,
     /// The backfill chunk whose watermarks are being passed, if any.
@@ -617,10 +628,9 @@ impl Pipeline<'_> {
                     Ended::SourceClosed => Ended::SourceClosed,
                 });
             }
-            // Batches cut while the uploads are busy wait (up to
-            // max_in_flight of them), so their intents share a sync.
-            let accepting =
-                stopping.is_none() && source_open && self.waiting.len() < self.waiting_max;
+            // Batches cut while the uploads are busy wait (see
+            // WAITING_PER_UPLOAD), so their intents share a sync.
+            let accepting = stopping.is_none() && source_open && !self.waiting_full();
             let linger = self.batcher.deadline();
             tokio::select! {
                 biased;
@@ -700,7 +710,7 @@ impl Pipeline<'_> {
         rx: &mut mpsc::Receiver<Vec<SourceEvent>>,
     ) -> Result<()> {
         let mut handled = 0;
-        while handled < DRAIN_BURST && self.waiting.len() < self.waiting_max {
+        while handled < DRAIN_BURST && !self.waiting_full() {
             match inbox.next() {
                 Some(event) => {
                     self.event(event).await?;
@@ -974,6 +984,7 @@ impl Pipeline<'_> {
             batch.first_seq,
             batch.last_seq,
         );
+        self.waiting_bytes += batch.body.len();
         self.waiting.push_back(batch);
         Ok(())
     }
@@ -995,6 +1006,18 @@ impl Pipeline<'_> {
             b.recorded = true;
         }
         Ok(())
+    }
+
+    /// Whether cut batches wait in such number or size that no more events
+    /// are taken (backpressure to the source).
+    fn waiting_full(&self) -> bool {
+        self.waiting.len() >= self.waiting_max || self.waiting_bytes >= batch::MAX_BATCH_BYTES
+    }
+
+    fn pop_waiting(&mut self) -> Batch {
+        let batch = self.waiting.pop_front().expect("a waiting batch");
+        self.waiting_bytes -= batch.body.len();
+        batch
     }
 
     fn cut_partial(&mut self) -> Result<()> {
@@ -1021,7 +1044,7 @@ impl Pipeline<'_> {
         }
         while let Some(batch) = self.waiting.front() {
             if batch.rows.iter().any(|r| self.blocked.contains_key(r)) {
-                let batch = self.waiting.pop_front().expect("front exists");
+                let batch = self.pop_waiting();
                 self.hold(batch)?;
                 continue;
             }
@@ -1030,7 +1053,7 @@ impl Pipeline<'_> {
                     if !batch.recorded {
                         self.record_waiting()?;
                     }
-                    let batch = self.waiting.pop_front().expect("front exists");
+                    let batch = self.pop_waiting();
                     self.delivery.start(batch);
                 }
                 Err(Wait::Busy) => return Ok(None),
