@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::row_identity;
 use crate::{Error, Result};
 
 /// The `(L, S)` pair described in the module docs.
@@ -42,6 +43,9 @@ pub struct Intent {
     pub last_seq: u64,
     pub done: bool,
 }
+
+/// The meta key of the row identity's version (see [`row_identity`]).
+const META_ROW_IDENTITY: &str = "row_identity";
 
 /// The pipeline's local state store.
 pub struct Checkpoint {
@@ -229,10 +233,32 @@ impl Checkpoint {
         // pipeline could lose ~200 ms per write; retry every millisecond.
         conn.busy_handler(Some(retry_busy)).map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
-        Ok(Checkpoint {
+        let state = Checkpoint {
             conn,
             path: path.to_path_buf(),
-        })
+        };
+        state.check_row_identity()?;
+        Ok(state)
+    }
+
+    /// Parked and held batches keep their rows' identities (see
+    /// [`row_identity`]): a state whose identities come from another
+    /// version of that function would let changes pass the batches of
+    /// their rows, so it is refused. A state without the record was
+    /// written before it existed, by the function of version 1.
+    fn check_row_identity(&self) -> Result<()> {
+        let ours = row_identity::VERSION.to_string();
+        match self.meta(META_ROW_IDENTITY)? {
+            None => self.set_meta(META_ROW_IDENTITY, &ours),
+            Some(v) if v == ours => Ok(()),
+            Some(v) => Err(Error::fatal(
+                format!(
+                    "the state {} identifies rows by version {v} of the row identity, and this waltail knows version {ours}",
+                    self.path.display()
+                ),
+                "run the waltail release that wrote this state (it is newer than this one)",
+            )),
+        }
     }
 
     fn err(&self) -> impl Fn(rusqlite::Error) -> Error + '_ {
@@ -1006,6 +1032,50 @@ mod tests {
         assert_eq!(cp.chunk_rows(c2).unwrap().len(), 1);
         cp.forget_chunks(200).unwrap();
         assert!(cp.chunk_rows(c2).unwrap().is_empty());
+    }
+
+    /// A state written before the row identity's version was recorded
+    /// (its parked rows hashed by std's `DefaultHasher`, which is version
+    /// 1's function) keeps its held rows; a state of another version is
+    /// refused rather than let changes pass the batches of their rows.
+    #[test]
+    fn a_state_keeps_its_row_identities_across_versions_of_waltail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sqlite");
+        let held = row_identity::table("public.orders");
+        {
+            let mut cp = Checkpoint::open(&path).unwrap();
+            cp.park(&Parked {
+                first_seq: 1,
+                last_seq: 2,
+                key: "k".into(),
+                body: b"{}\n".to_vec(),
+                rows: vec![held],
+                tables: "public.orders".into(),
+                status: ParkStatus::Held,
+                attempts: 0,
+                last_error: None,
+                parked_at: "2026-12-02T00:00:00Z".into(),
+            })
+            .unwrap();
+            // As the release before the record wrote it.
+            cp.conn
+                .execute("DELETE FROM meta WHERE key = ?1", [META_ROW_IDENTITY])
+                .unwrap();
+        }
+        let cp = Checkpoint::open(&path).unwrap();
+        assert_eq!(cp.meta(META_ROW_IDENTITY).unwrap().as_deref(), Some("1"));
+        let parked = cp.parked().unwrap();
+        assert_eq!(parked[0].rows, vec![held]);
+        // The same row, hashed now, is recognised.
+        assert_eq!(
+            crate::envelope::table_hash(&crate::envelope::TableRef::new("public", "orders")),
+            held
+        );
+        cp.set_meta(META_ROW_IDENTITY, "2").unwrap();
+        drop(cp);
+        let err = Checkpoint::open(&path).unwrap_err().to_string();
+        assert!(err.contains("version 2 of the row identity"), "{err}");
     }
 
     #[test]

@@ -87,10 +87,7 @@ pub type RowSet = smallvec_lite::Rows;
 
 /// Hash identifying "every row of this table" for truncates.
 pub fn table_hash(table: &TableRef) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    table.name.hash(&mut h);
-    h.finish()
+    crate::row_identity::table(&table.name)
 }
 
 /// A tiny fixed-capacity set of row hashes, to avoid a heap allocation per change.

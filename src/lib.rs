@@ -29,6 +29,7 @@ pub mod envelope;
 pub mod error;
 pub mod pipeline;
 pub mod query;
+pub mod row_identity;
 pub mod sink;
 pub mod source;
 pub mod status;

@@ -8,12 +8,12 @@
 //! [`crate::pipeline`]), and reply requests are passed on at once.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use tokio::sync::{Notify, mpsc};
 
 use crate::envelope::{Change, Op, RowSet, TableRef, table_hash};
+use crate::row_identity::{KeyValue, RowHasher};
 use crate::source::catalog::{ColumnType, Render, TypeCatalog};
 use crate::source::pgoutput::{self, ColumnValue, LogicalMessage, OldTuple, Relation, TupleData};
 use crate::source::replication::{ReplicationMessage, ReplicationStream};
@@ -511,15 +511,14 @@ fn row_json_with(
 /// Identifies the row (table + replica identity key) for per-row ordering.
 /// Without key columns the whole table counts as one row.
 fn row_hash(rel: &RelationInfo, tuple: &TupleData) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    rel.table.name.hash(&mut h);
+    let mut h = RowHasher::new(&rel.table.name);
     for (col, value) in rel.columns.iter().zip(&tuple.0) {
         if col.is_key {
-            match value {
-                ColumnValue::Text(b) | ColumnValue::Binary(b) => b.as_ref().hash(&mut h),
-                ColumnValue::Null => 0u8.hash(&mut h),
-                ColumnValue::UnchangedToast => 1u8.hash(&mut h),
-            }
+            h.key_value(match value {
+                ColumnValue::Text(b) | ColumnValue::Binary(b) => KeyValue::Bytes(b),
+                ColumnValue::Null => KeyValue::Null,
+                ColumnValue::UnchangedToast => KeyValue::Unchanged,
+            });
         }
     }
     h.finish()
