@@ -48,6 +48,12 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// The identities of the tables the batch touches (see
+    /// [`crate::row_identity::Holds`]).
+    pub fn table_hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.tables.iter().map(|t| t.hash)
+    }
+
     /// The tables, comma-separated, for messages.
     pub fn table_names(&self) -> String {
         self.tables

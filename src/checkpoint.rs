@@ -171,6 +171,23 @@ pub struct Parked {
     pub parked_at: String,
 }
 
+impl Parked {
+    /// The tables the batch touches (kept by name, comma-separated).
+    pub fn tables(&self) -> Vec<std::sync::Arc<crate::envelope::TableRef>> {
+        self.tables
+            .split(',')
+            .filter(|name| !name.is_empty())
+            .map(|name| std::sync::Arc::new(crate::envelope::TableRef::from_name(name.to_string())))
+            .collect()
+    }
+
+    /// The identities of the tables the batch touches (see
+    /// [`row_identity::Holds`]).
+    pub fn table_hashes(&self) -> Vec<u64> {
+        self.tables().iter().map(|t| t.hash).collect()
+    }
+}
+
 fn rows_to_blob(rows: &[u64]) -> Vec<u8> {
     rows.iter().flat_map(|r| r.to_le_bytes()).collect()
 }
@@ -944,24 +961,23 @@ impl Checkpoint {
 }
 
 /// The batches of `parked` (seq order) that may be delivered now: replay
-/// requests, and held batches none of whose rows belongs to a batch still
-/// parked or being replayed, or to an earlier held batch that must still
-/// wait. Per-row order is kept because a held batch leaves only when every
+/// requests, and held batches none of whose rows (or truncated tables, see
+/// [`row_identity::Holds`]) belongs to a batch still parked or being
+/// replayed, or to an earlier held batch that must still wait. Per-row order is kept because a held batch leaves only when every
 /// earlier batch on its rows is written.
 pub fn releasable(parked: &[Parked]) -> Vec<u64> {
-    let mut blocked: std::collections::HashSet<u64> = parked
-        .iter()
-        .filter(|p| p.status != ParkStatus::Held)
-        .flat_map(|p| p.rows.iter().copied())
-        .collect();
+    let mut blocked = row_identity::Holds::default();
+    for p in parked.iter().filter(|p| p.status != ParkStatus::Held) {
+        blocked.add(&p.rows, p.table_hashes());
+    }
     let mut out = Vec::new();
     for p in parked {
         match p.status {
             ParkStatus::Parked => {}
             ParkStatus::Replay => out.push(p.first_seq),
             ParkStatus::Held => {
-                if p.rows.iter().any(|r| blocked.contains(r)) {
-                    blocked.extend(p.rows.iter().copied());
+                if blocked.conflicts(&p.rows, p.table_hashes()) {
+                    blocked.add(&p.rows, p.table_hashes());
                 } else {
                     out.push(p.first_seq);
                 }

@@ -51,13 +51,21 @@ pub struct TableRef {
     pub name: String,
     /// `name` as a JSON string literal, quotes included.
     pub json: String,
+    /// The identity that stands for every row of the table (see
+    /// [`crate::row_identity::table`]): a truncate's row.
+    pub hash: u64,
 }
 
 impl TableRef {
     pub fn new(schema: &str, table: &str) -> TableRef {
-        let name = format!("{schema}.{table}");
+        TableRef::from_name(format!("{schema}.{table}"))
+    }
+
+    /// A table by its `schema.table` name.
+    pub fn from_name(name: String) -> TableRef {
         let json = serde_json::to_string(&name).expect("a string serialises");
-        TableRef { name, json }
+        let hash = crate::row_identity::table(&name);
+        TableRef { name, json, hash }
     }
 }
 
@@ -87,7 +95,7 @@ pub type RowSet = smallvec_lite::Rows;
 
 /// Hash identifying "every row of this table" for truncates.
 pub fn table_hash(table: &TableRef) -> u64 {
-    crate::row_identity::table(&table.name)
+    table.hash
 }
 
 /// A tiny fixed-capacity set of row hashes, to avoid a heap allocation per change.

@@ -18,7 +18,7 @@
 //! - session loss (Postgres restart, network): the session ends, the batches
 //!   in hand are written, and a new session resumes from the persisted cursor.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +32,7 @@ use crate::console::{Fate, JOURNAL};
 use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
 use crate::envelope;
 use crate::error::Disposition;
+use crate::row_identity::Holds;
 use crate::sink::{Sink, layout};
 use crate::source::backfill::{self, Mark, Watermark, driver::Driver};
 use crate::source::catalog::TypeCatalog;
@@ -329,7 +330,7 @@ async fn session(
         checkpoint,
         pipeline: config.pipeline.clone(),
         prefix: sink.prefix().map(str::to_string),
-        blocked: HashMap::new(),
+        blocked: Holds::default(),
         released: VecDeque::new(),
         releasing: HashSet::new(),
         data_version,
@@ -560,9 +561,9 @@ struct Pipeline<'a> {
     checkpoint: &'a mut Checkpoint,
     pipeline: String,
     prefix: Option<String>,
-    /// Rows of parked and held batches (row hash -> batches holding it):
-    /// a new batch touching one is held behind them.
-    blocked: HashMap<u64, u32>,
+    /// Rows of parked and held batches: a new batch touching one (or the
+    /// table of a truncate among them) is held behind them.
+    blocked: Holds,
     /// Batches from the parked table cleared to leave, in seq order.
     released: VecDeque<Batch>,
     /// First seqs of the parked-table batches queued or in flight.
@@ -1043,7 +1044,7 @@ impl Pipeline<'_> {
             }
         }
         while let Some(batch) = self.waiting.front() {
-            if batch.rows.iter().any(|r| self.blocked.contains_key(r)) {
+            if self.blocked.conflicts(&batch.rows, batch.table_hashes()) {
                 let batch = self.pop_waiting();
                 self.hold(batch)?;
                 continue;
@@ -1095,9 +1096,7 @@ impl Pipeline<'_> {
                 ParkStatus::Held => METRICS.held_batches.fetch_add(1, Relaxed),
                 _ => METRICS.parked_batches.fetch_add(1, Relaxed),
             };
-            for r in &batch.rows {
-                *self.blocked.entry(*r).or_default() += 1;
-            }
+            self.blocked.add(&batch.rows, batch.table_hashes());
             self.frontier.mark(batch.first_seq, batch.last_seq);
             self.advance();
         }
@@ -1189,9 +1188,7 @@ impl Pipeline<'_> {
             .store(parked.len() as i64 - held, Relaxed);
         self.blocked.clear();
         for p in &parked {
-            for r in &p.rows {
-                *self.blocked.entry(*r).or_default() += 1;
-            }
+            self.blocked.add(&p.rows, p.table_hashes());
         }
         let ready: HashSet<u64> = checkpoint::releasable(&parked).into_iter().collect();
         for p in parked {
@@ -1199,13 +1196,14 @@ impl Pipeline<'_> {
                 continue;
             }
             tracing::info!(id = p.first_seq, key = %p.key, status = p.status.as_str(), "delivering a parked-table batch");
+            let tables = p.tables();
             self.released.push_back(Batch {
                 first_seq: p.first_seq,
                 last_seq: p.last_seq,
                 commit_ts: 0,
                 body: p.body,
-                rows: p.rows.into_iter().collect(),
-                tables: Vec::new(),
+                rows: p.rows.iter().copied().collect(),
+                tables,
                 recorded: true,
                 from_parked: true,
                 key: p.key,

@@ -15,6 +15,7 @@
 //! a new [`VERSION`], which the state records (see
 //! [`crate::checkpoint::Checkpoint::open`]).
 
+use std::collections::HashMap;
 use std::hash::Hasher;
 
 use siphasher::sip::SipHasher13;
@@ -67,6 +68,71 @@ impl RowHasher {
 /// The identity that stands for every row of a table (a truncate).
 pub fn table(table: &str) -> u64 {
     RowHasher::new(table).finish()
+}
+
+/// The rows held by a set of batches (uploading, or parked and held), with
+/// how many of them hold each. Another batch conflicts with them when it
+/// has one of their rows, when it truncates a table they touch, or when
+/// they truncate a table it touches: a truncate's row is its table's
+/// identity ([`table`]), and a truncate changes every row of its table.
+#[derive(Debug, Default)]
+pub struct Holds {
+    rows: HashMap<u64, u32>,
+    /// The tables the holding batches touch.
+    tables: HashMap<u64, u32>,
+}
+
+impl Holds {
+    /// Whether a batch with these rows, touching these tables, must wait
+    /// behind the holding batches.
+    pub fn conflicts<'a>(
+        &self,
+        rows: impl IntoIterator<Item = &'a u64>,
+        tables: impl IntoIterator<Item = u64>,
+    ) -> bool {
+        rows.into_iter()
+            .any(|r| self.rows.contains_key(r) || self.tables.contains_key(r))
+            || tables.into_iter().any(|t| self.rows.contains_key(&t))
+    }
+
+    pub fn add<'a>(
+        &mut self,
+        rows: impl IntoIterator<Item = &'a u64>,
+        tables: impl IntoIterator<Item = u64>,
+    ) {
+        for r in rows {
+            *self.rows.entry(*r).or_default() += 1;
+        }
+        for t in tables {
+            *self.tables.entry(t).or_default() += 1;
+        }
+    }
+
+    pub fn remove<'a>(
+        &mut self,
+        rows: impl IntoIterator<Item = &'a u64>,
+        tables: impl IntoIterator<Item = u64>,
+    ) {
+        fn release(map: &mut HashMap<u64, u32>, key: u64) {
+            if let Some(n) = map.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&key);
+                }
+            }
+        }
+        for r in rows {
+            release(&mut self.rows, *r);
+        }
+        for t in tables {
+            release(&mut self.tables, t);
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.rows.clear();
+        self.tables.clear();
+    }
 }
 
 #[cfg(test)]
@@ -124,6 +190,44 @@ mod tests {
             );
         }
         assert_eq!(table("public.orders"), ours("public.orders", &[]));
+    }
+
+    /// Per-row order with truncates: a truncate holds every row of its
+    /// table, and waits for every batch touching its table.
+    #[test]
+    fn holds_conflict_on_rows_and_on_truncated_tables() {
+        let (orders, items) = (table("public.orders"), table("public.items"));
+        let (row1, row2) = (
+            ours("public.orders", &[KeyValue::Bytes(b"1")]),
+            ours("public.orders", &[KeyValue::Bytes(b"2")]),
+        );
+        let mut holds = Holds::default();
+        // A batch of order 1 is held.
+        holds.add(&[row1], [orders]);
+        assert!(holds.conflicts(&[row1], [orders]), "the same row");
+        assert!(
+            !holds.conflicts(&[row2], [orders]),
+            "another row of the table flows"
+        );
+        assert!(
+            holds.conflicts(&[orders], [orders]),
+            "a truncate of its table waits"
+        );
+        assert!(
+            !holds.conflicts(&[items], [items]),
+            "a truncate of another table flows"
+        );
+        holds.remove(&[row1], [orders]);
+        assert!(!holds.conflicts(&[orders], [orders]));
+        // A truncate of orders is held.
+        holds.add(&[orders], [orders]);
+        assert!(
+            holds.conflicts(&[row2], [orders]),
+            "any row of the truncated table waits"
+        );
+        assert!(!holds.conflicts(&[ours("public.items", &[KeyValue::Bytes(b"1")])], [items]));
+        holds.clear();
+        assert!(!holds.conflicts(&[row2], [orders]));
     }
 
     /// Literal values: whatever the standard library does later, these stay.

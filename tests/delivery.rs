@@ -128,6 +128,74 @@ async fn replay_without_a_running_pipeline_delivers_parked_then_held_batches() {
     outage_then_replay(false).await;
 }
 
+/// A truncate changes every row of its table: it waits behind a parked
+/// batch of one of that table's rows, and the table's later changes (of
+/// any row) wait behind the held truncate, while another table flows on;
+/// replay delivers them in seq order.
+#[tokio::test]
+async fn a_truncate_waits_behind_a_parked_batch_of_its_tables_rows() {
+    let db = TestDb::new("trunc").await;
+    db.exec("CREATE TABLE t (id int PRIMARY KEY, v int)").await;
+    db.exec("CREATE TABLE u (id int PRIMARY KEY, v int)").await;
+    let proxy = Proxy::start(s3_addr());
+    let pipeline = unique("trunc").replace('_', "-");
+    let prefix = format!("trunc/{pipeline}");
+    let mut w = Waltail::new(&db, &pipeline, "public.t, public.u");
+    w.s3(&prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
+        .set("WALTAIL_DELIVERY_BATCH_SIZE", "1")
+        .set("WALTAIL_DELIVERY_MAX_ATTEMPTS", "2")
+        .set("WALTAIL_DELIVERY_REQUEST_TIMEOUT_MS", "1000");
+    w.start();
+    db.exec("INSERT INTO t VALUES (1, 0), (2, 0)").await; // seqs 1, 2
+    db.exec("INSERT INTO u VALUES (1, 0)").await; // seq 3
+    eventually(Duration::from_secs(30), "the inserts", async || {
+        archived_seqs(&prefix).await.len() == 3
+    })
+    .await;
+
+    proxy.set_mode(Mode::Reset);
+    db.exec("UPDATE t SET v = 1 WHERE id = 1").await; // seq 4: parked
+    eventually(Duration::from_secs(30), "seq 4 parked", async || {
+        w.parked_counts().0 == 1
+    })
+    .await;
+    proxy.set_mode(Mode::Pass);
+    db.exec("TRUNCATE t").await; // seq 5: held behind 4 (row 1 is t's)
+    db.exec("INSERT INTO t VALUES (3, 0)").await; // seq 6: held behind the truncate
+    db.exec("UPDATE u SET v = 1 WHERE id = 1").await; // seq 7: flows
+    eventually(Duration::from_secs(30), "seq 7 delivered", async || {
+        archived_seqs(&prefix).await.contains(&7)
+    })
+    .await;
+    eventually(Duration::from_secs(30), "two held batches", async || {
+        w.parked_counts() == (1, 2)
+    })
+    .await;
+    assert_eq!(
+        archived_seqs(&prefix).await,
+        vec![1, 2, 3, 7],
+        "nothing of t may pass its parked batch"
+    );
+
+    let (status, stdout, stderr) = w.output(&["parked", "replay", "--all"]);
+    assert!(status.success(), "replay failed:\n{stdout}\n{stderr}");
+    let changes = checked_changes(&s3_objects(&prefix).await, Some(&prefix), &pipeline);
+    assert_eq!(
+        changes.len(),
+        7,
+        "every seq archived exactly once after replay"
+    );
+    assert_eq!(w.parked_counts(), (0, 0));
+    let mut db = db;
+    db.reconnect().await;
+    let state = replay(&changes);
+    assert_eq!(state["public.t"], db.rows("t").await);
+    assert_eq!(state["public.u"], db.rows("u").await);
+    w.stop();
+    db.drop_db().await;
+}
+
 #[tokio::test]
 async fn kill_9_at_random_moments_loses_nothing_and_never_writes_a_seq_twice() {
     let db = TestDb::new("kill9").await;

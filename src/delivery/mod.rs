@@ -10,7 +10,6 @@
 pub mod parking;
 pub mod retry;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::batch::Batch;
 use crate::error::{Disposition, Report};
+use crate::row_identity::Holds;
 use crate::sink::{NDJSON_CONTENT_TYPE, Sink};
 use crate::{Error, Result};
 pub use retry::RetryPolicy;
@@ -50,8 +50,8 @@ pub struct Delivery {
     /// When the rate limit next allows a batch to leave.
     rate_free_at: Instant,
     in_flight: JoinSet<Result<Outcome>>,
-    /// Row hash -> number of in-flight batches holding it (0 or 1 by construction).
-    rows: HashMap<u64, u32>,
+    /// The rows of the batches in flight (each row in one at most).
+    holds: Holds,
 }
 
 /// Why a batch cannot leave yet.
@@ -72,7 +72,7 @@ impl Delivery {
             rate_limit,
             rate_free_at: Instant::now(),
             in_flight: JoinSet::new(),
-            rows: HashMap::new(),
+            holds: Holds::default(),
         }
     }
 
@@ -91,7 +91,7 @@ impl Delivery {
     /// Whether `batch` may start now.
     pub fn can_start(&self, batch: &Batch) -> Result<(), Wait> {
         if self.in_flight.len() >= self.max_in_flight
-            || batch.rows.iter().any(|r| self.rows.contains_key(r))
+            || self.holds.conflicts(&batch.rows, batch.table_hashes())
         {
             return Err(Wait::Busy);
         }
@@ -107,9 +107,7 @@ impl Delivery {
             let cost = Duration::from_secs_f64(batch.changes() as f64 / self.rate_limit as f64);
             self.rate_free_at = self.rate_free_at.max(Instant::now()) + cost;
         }
-        for r in &batch.rows {
-            *self.rows.entry(*r).or_default() += 1;
-        }
+        self.holds.add(&batch.rows, batch.table_hashes());
         let sink = self.sink.clone();
         let policy = self.policy.clone();
         self.in_flight.spawn(async move {
@@ -143,14 +141,7 @@ impl Delivery {
             )),
         };
         if let Ok(Outcome::Written { batch, .. } | Outcome::Failed { batch, .. }) = &result {
-            for r in &batch.rows {
-                if let Some(n) = self.rows.get_mut(r) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.rows.remove(r);
-                    }
-                }
-            }
+            self.holds.remove(&batch.rows, batch.table_hashes());
         }
         Some(result)
     }
