@@ -42,6 +42,7 @@ use waltail::compact::read::{Shapes, TypedChange, type_line};
 use waltail::compact::spool::{self, Spool};
 use waltail::compact::typing::{RecordColumn, SchemaRecord, TableShape};
 use waltail::config::CompactConfig;
+use waltail::lsn;
 
 // What the binary runs with: compact's costs include its allocations.
 #[global_allocator]
@@ -108,9 +109,8 @@ fn lines() -> Vec<String> {
                 ("update", format!(r#"{{{row}{note},"updated_at":"{ts}"}}"#), "null".to_string())
             };
             format!(
-                r#"{{"op":"{op}","table":"public.bench","data":{data},"old":{old},"seq":{seq},"idempotency_key":"{seq:08x}-0000-5000-8000-000000000000","commit_lsn":"{:X}/{:X}"}}"#,
-                seq >> 20,
-                (seq * 64) & 0xFFFF_FFFF
+                r#"{{"op":"{op}","table":"public.bench","data":{data},"old":{old},"seq":{seq},"idempotency_key":"{seq:08x}-0000-5000-8000-000000000000","commit_lsn":"{}"}}"#,
+                lsn::display(((seq >> 20) << 32) | ((seq * 64) & 0xFFFF_FFFF))
             )
         })
         .collect()

@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
+use crate::lsn;
+
 /// Namespace of every idempotency key: UUIDv5(URL namespace, "https://waltail.dev/idempotency").
 /// A pipeline's namespace is UUIDv5(this, pipeline name); a change's key is
 /// UUIDv5(pipeline namespace, "<commit_lsn X/Y>/<index in transaction>").
@@ -136,8 +138,13 @@ pub fn write_line(out: &mut Vec<u8>, namespace: &Uuid, change: &Change, seq: u64
     let mut name = [0u8; 40];
     let name_len = {
         let mut cursor = &mut name[..];
-        write!(cursor, "{}/{}", LsnText(change.commit_lsn), change.index)
-            .expect("fits in 40 bytes");
+        write!(
+            cursor,
+            "{}/{}",
+            lsn::display(change.commit_lsn),
+            change.index
+        )
+        .expect("fits in 40 bytes");
         40 - cursor.len()
     };
     let lsn_len = name[..name_len]
@@ -166,16 +173,6 @@ pub fn write_line(out: &mut Vec<u8>, namespace: &Uuid, change: &Change, seq: u64
     out.extend_from_slice(b"\"}\n");
 }
 
-/// An LSN displayed as Postgres prints it (`X/Y`, upper-case hex), without
-/// allocating; the same text as [`crate::source::pgoutput::format_lsn`].
-struct LsnText(u64);
-
-impl std::fmt::Display for LsnText {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 as u32)
-    }
-}
-
 /// The idempotency key of the change at `index` in the transaction committed at `lsn`.
 pub fn idempotency_key(namespace: &Uuid, lsn: &str, index: u32) -> Uuid {
     let name = format!("{lsn}/{index}");
@@ -185,7 +182,6 @@ pub fn idempotency_key(namespace: &Uuid, lsn: &str, index: u32) -> Uuid {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::pgoutput::format_lsn;
 
     fn change(op: Op) -> Change {
         Change {
@@ -224,9 +220,9 @@ mod tests {
             let mut out = Vec::new();
             write_line(&mut out, &ns, &c, u64::MAX);
             let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
-            assert_eq!(v["commit_lsn"], format_lsn(lsn));
+            assert_eq!(v["commit_lsn"], lsn::format(lsn));
             assert_eq!(v["seq"].as_u64(), Some(u64::MAX));
-            let key = idempotency_key(&ns, &format_lsn(lsn), c.index);
+            let key = idempotency_key(&ns, &lsn::format(lsn), c.index);
             assert_eq!(v["idempotency_key"], key.to_string());
         }
     }

@@ -27,6 +27,7 @@ pub mod console;
 pub mod delivery;
 pub mod envelope;
 pub mod error;
+pub mod lsn;
 pub mod pipeline;
 pub mod query;
 pub mod row_identity;

@@ -32,11 +32,11 @@ use crate::console::{Fate, JOURNAL};
 use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
 use crate::envelope;
 use crate::error::Disposition;
+use crate::lsn;
 use crate::row_identity::Holds;
 use crate::sink::{Sink, layout};
 use crate::source::backfill::{self, Mark, Watermark, driver::Driver};
 use crate::source::catalog::TypeCatalog;
-use crate::source::pgoutput::format_lsn;
 use crate::source::replication::{FeedbackSender, ReplicationConnection};
 use crate::source::stream::{self, Decoder, SchemaRecord, SourceEvent};
 use crate::source::{self, setup};
@@ -191,7 +191,7 @@ async fn prepare(config: &Config, opts: &RunOptions, checkpoint: &mut Checkpoint
                 return Err(Error::fatal(
                     format!(
                         "replication slot {slot} has disappeared (dropped or invalidated); changes committed after {} were not captured",
-                        format_lsn(c.confirmed_lsn)
+                        lsn::format(c.confirmed_lsn)
                     ),
                     "run `waltail run --recreate-slot` to create a new slot and continue numbering from seq \
                      where the archive stopped, then `waltail backfill` to capture the current rows",
@@ -263,7 +263,7 @@ async fn session(
     let _ready = ReadyWhileStreaming::new();
     tracing::info!(
         slot = %config.source.slot,
-        from = %format_lsn(cursor.confirmed_lsn),
+        from = %lsn::format(cursor.confirmed_lsn),
         next_seq = cursor.next_seq,
         pending_batches = intents.iter().filter(|i| !i.done).count(),
         destination = %sink.describe(),
@@ -365,7 +365,7 @@ async fn session(
                 tracing::warn!(error = %crate::error::Report(&e), "could not send the final confirmation; it is persisted and will be sent on the next start");
             }
             tracing::info!(
-                confirmed = %format_lsn(pipeline.cursor.confirmed_lsn),
+                confirmed = %lsn::format(pipeline.cursor.confirmed_lsn),
                 next_seq = pipeline.cursor.next_seq,
                 "stopped"
             );

@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use crate::checkpoint::{Backfill, Checkpoint, ParkStatus};
 use crate::config::Config;
 use crate::error::Report;
-use crate::source::{self, pgoutput::format_lsn};
+use crate::lsn;
+use crate::source;
 use crate::{Error, Result};
 
 /// The rate is computed over the samples of this last stretch of time.
@@ -60,7 +61,7 @@ pub async fn status(config: &Config, json: bool) -> Result<ExitCode> {
         "pipeline": config.pipeline,
         "state": path.display().to_string(),
         "destination": config.destination.describe(),
-        "confirmed_lsn": cursor.map(|c| format_lsn(c.confirmed_lsn)),
+        "confirmed_lsn": cursor.map(|c| lsn::format(c.confirmed_lsn)),
         "next_seq": cursor.map(|c| c.next_seq),
         "last_object": last.and_then(|p| p.last_key.clone()),
         "last_sample_age_s": last.map(|p| now - p.at),
@@ -82,7 +83,7 @@ pub async fn status(config: &Config, json: bool) -> Result<ExitCode> {
     match cursor {
         Some(c) => println!(
             "confirmed    {} (next seq {})",
-            format_lsn(c.confirmed_lsn),
+            lsn::format(c.confirmed_lsn),
             c.next_seq
         ),
         None => println!("confirmed    nothing yet"),

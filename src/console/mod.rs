@@ -42,7 +42,7 @@ use crate::checkpoint::{Checkpoint, ParkStatus};
 use crate::config::Config;
 use crate::envelope::{Change, Op, TableRef};
 use crate::error::Report;
-use crate::source::pgoutput::format_lsn;
+use crate::lsn;
 use crate::telemetry::METRICS;
 
 const INDEX_HTML: &str = include_str!("index.html");
@@ -106,7 +106,7 @@ impl Event {
             "seq": self.seq,
             "op": self.op.as_str(),
             "table": self.table.name,
-            "commit_lsn": format_lsn(self.commit_lsn),
+            "commit_lsn": lsn::format(self.commit_lsn),
             "captured_at_ms": self.captured_at,
             "status": self.fate.as_str(),
             "key": self.key,
@@ -369,7 +369,7 @@ impl Console {
                 "slot": self.slot,
                 "destination": self.destination,
                 "ready": METRICS.ready.load(Relaxed),
-                "confirmed_lsn": cursor.map(|c| format_lsn(c.confirmed_lsn)),
+                "confirmed_lsn": cursor.map(|c| lsn::format(c.confirmed_lsn)),
                 "next_seq": cursor.map(|c| c.next_seq),
                 "changes_received": METRICS.changes_received.load(Relaxed),
                 "changes_archived": METRICS.changes_archived.load(Relaxed),

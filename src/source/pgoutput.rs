@@ -18,8 +18,7 @@
 
 use bytes::{Buf, Bytes};
 
-/// A WAL position, as Postgres's `pg_lsn`.
-pub type Lsn = u64;
+use crate::lsn::Lsn;
 
 /// Why a pgoutput message could not be decoded.
 #[derive(Debug, thiserror::Error)]
@@ -474,24 +473,6 @@ impl Reader {
     }
 }
 
-/// Formats an LSN the way Postgres prints `pg_lsn`, e.g. `16/B374D848`.
-pub fn format_lsn(lsn: Lsn) -> String {
-    format!("{:X}/{:X}", lsn >> 32, lsn as u32)
-}
-
-/// Parses Postgres's `X/Y` LSN form (1 to 8 hex digits on each side).
-pub fn parse_lsn(s: &str) -> Option<Lsn> {
-    let (hi, lo) = s.split_once('/')?;
-    // from_str_radix accepts a leading '+', which pg_lsn does not.
-    let half = |p: &str| -> Option<u64> {
-        if p.is_empty() || p.len() > 8 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        u32::from_str_radix(p, 16).ok().map(u64::from)
-    };
-    Some((half(hi)? << 32) | half(lo)?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -920,29 +901,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn lsn_text_form() {
-        assert_eq!(format_lsn(0x16_B374_D848), "16/B374D848");
-        assert_eq!(format_lsn(0), "0/0");
-        assert_eq!(parse_lsn("16/B374D848"), Some(0x16_B374_D848));
-        assert_eq!(parse_lsn("0/0"), Some(0));
-        assert_eq!(parse_lsn("ffffffff/ffffffff"), Some(u64::MAX));
-        for bad in [
-            "",
-            "/",
-            "1/",
-            "/1",
-            "1",
-            "+1/1",
-            "1/-1",
-            "123456789/0",
-            "g/0",
-            "1/2/3",
-        ] {
-            assert_eq!(parse_lsn(bad), None, "{bad}");
-        }
-    }
-
     fn arb_value() -> impl Strategy<Value = ColumnValue> {
         prop_oneof![
             Just(ColumnValue::Null),
@@ -1042,11 +1000,6 @@ mod tests {
             for cut in 0..full.len() {
                 prop_assert!(decode(Bytes::copy_from_slice(&full[..cut])).is_err());
             }
-        }
-
-        #[test]
-        fn lsn_round_trips(lsn in any::<u64>()) {
-            prop_assert_eq!(parse_lsn(&format_lsn(lsn)), Some(lsn));
         }
     }
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use tokio::sync::{Notify, mpsc};
 
 use crate::envelope::{Change, Op, RowSet, TableRef, table_hash};
+use crate::lsn;
 use crate::row_identity::{KeyValue, RowHasher};
 use crate::source::catalog::{ColumnType, Render, TypeCatalog};
 use crate::source::pgoutput::{self, ColumnValue, LogicalMessage, OldTuple, Relation, TupleData};
@@ -178,7 +179,7 @@ impl Decoder {
                 let skip = final_lsn < self.skip_before;
                 if skip {
                     tracing::debug!(
-                        commit_lsn = %pgoutput::format_lsn(final_lsn),
+                        commit_lsn = %lsn::display(final_lsn),
                         "skipping a transaction confirmed before the restart"
                     );
                 } else {
