@@ -15,6 +15,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use crate::source::tls::TlsSettings;
+use crate::sql::quote_ident;
 use crate::{Error, Result};
 
 /// Changes per object: the file-size dial. 100 keeps objects small enough that
@@ -294,16 +295,6 @@ impl FromStr for TableName {
             )
         })
     }
-}
-
-/// Quotes an SQL identifier (doubling embedded quotes), so any name is safe in SQL.
-pub fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
-
-/// Quotes an SQL string literal.
-pub fn quote_literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
 }
 
 #[derive(Debug, Clone)]

@@ -33,6 +33,7 @@ pub mod query;
 pub mod row_identity;
 pub mod sink;
 pub mod source;
+pub mod sql;
 pub mod status;
 pub mod telemetry;
 

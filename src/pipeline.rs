@@ -27,7 +27,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::batch::{self, Batch, Batcher, Cut};
 use crate::checkpoint::{self, Checkpoint, Cursor, ParkStatus, Parked, Progress};
-use crate::config::{Config, quote_ident};
+use crate::config::Config;
 use crate::console::{Fate, JOURNAL};
 use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
 use crate::envelope;
@@ -40,6 +40,7 @@ use crate::source::catalog::TypeCatalog;
 use crate::source::replication::{FeedbackSender, ReplicationConnection};
 use crate::source::stream::{self, Decoder, SchemaRecord, SourceEvent};
 use crate::source::{self, setup};
+use crate::sql::quote_ident;
 use crate::telemetry::{LagWatch, METRICS};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering::Relaxed;

@@ -3,10 +3,11 @@
 
 use tokio_postgres::Client;
 
-use crate::config::{SourceConfig, quote_ident, quote_literal};
+use crate::config::SourceConfig;
 use crate::source;
 use crate::source::replication::{ReplicationConnection, ReplicationError};
 use crate::source::tls::NEEDS_TLS_HINT;
+use crate::sql::{quote_ident, quote_literal};
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

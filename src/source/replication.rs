@@ -46,6 +46,7 @@ use tokio_postgres::fallible_iterator::FallibleIterator;
 
 use super::tls::{NEEDS_TLS_HINT, TlsError, TlsSettings};
 use crate::lsn;
+use crate::sql::{quote_ident, quote_literal};
 
 /// Largest frame accepted. The server builds every message in a StringInfo,
 /// which is capped at MaxAllocSize (1 GiB - 1), so anything bigger is a corrupt
@@ -864,14 +865,6 @@ fn check_no_nul(what: &str, s: &str) -> Result<(), ReplicationError> {
         )));
     }
     Ok(())
-}
-
-fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
-
-fn quote_literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
 }
 
 fn start_replication_sql(

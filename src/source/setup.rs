@@ -6,7 +6,8 @@
 
 use tokio_postgres::Client;
 
-use crate::config::{SourceConfig, TableName, quote_ident};
+use crate::config::{SourceConfig, TableName};
+use crate::sql::quote_ident;
 use crate::{Error, Result};
 
 /// Makes the publication exist and publish exactly the configured tables.

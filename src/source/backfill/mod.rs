@@ -39,10 +39,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use crate::config::{SourceConfig, TableName, quote_ident, quote_literal};
+use crate::config::{SourceConfig, TableName};
 use crate::source::catalog::TypeCatalog;
 use crate::source::pgoutput::{Column, Relation};
 use crate::source::stream::{MESSAGE_PREFIX, TableShape};
+use crate::sql::{quote_ident, quote_literal};
 use crate::{Error, Result};
 
 /// The first server version whose pgoutput passes logical messages on.
