@@ -28,6 +28,7 @@ pub mod delivery;
 pub mod envelope;
 pub mod error;
 pub mod lsn;
+pub mod pgtime;
 pub mod pipeline;
 pub mod query;
 pub mod row_identity;

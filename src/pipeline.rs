@@ -33,6 +33,7 @@ use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
 use crate::envelope;
 use crate::error::Disposition;
 use crate::lsn;
+use crate::pgtime;
 use crate::row_identity::Holds;
 use crate::sink::{Sink, layout};
 use crate::source::backfill::{self, Mark, Watermark, driver::Driver};
@@ -1141,7 +1142,7 @@ impl Pipeline<'_> {
             Some(&batch.key),
         );
         if !batch.from_parked {
-            let committed = layout::pg_time(batch.commit_ts);
+            let committed = pgtime::to_utc(batch.commit_ts);
             if let Ok(age) = (chrono::Utc::now() - committed).to_std() {
                 METRICS.commit_to_archive_seconds.observe(age);
             }

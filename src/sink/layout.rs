@@ -4,16 +4,9 @@
 //! wall clock, so a retry after midnight writes the same key (DESIGN.md,
 //! "How determinism can hold").
 
-use chrono::{DateTime, Datelike, Utc};
+use chrono::Datelike;
 
-/// Microseconds between the Unix epoch and Postgres's epoch (2000-01-01 UTC).
-const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
-
-/// A Postgres timestamp (microseconds since 2000-01-01 UTC) as a UTC time.
-pub fn pg_time(micros: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(micros.saturating_add(PG_EPOCH_OFFSET_MICROS))
-        .unwrap_or_default()
-}
+use crate::pgtime;
 
 /// The object key of a batch.
 pub fn batch_key(
@@ -23,7 +16,7 @@ pub fn batch_key(
     first_seq: u64,
     last_seq: u64,
 ) -> String {
-    let day = pg_time(commit_ts);
+    let day = pgtime::to_utc(commit_ts);
     let mut key = String::with_capacity(64);
     if let Some(p) = prefix {
         key.push_str(p);

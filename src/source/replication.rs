@@ -32,7 +32,6 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use postgres_protocol::authentication::md5_hash;
@@ -46,6 +45,7 @@ use tokio_postgres::fallible_iterator::FallibleIterator;
 
 use super::tls::{NEEDS_TLS_HINT, TlsError, TlsSettings};
 use crate::lsn;
+use crate::pgtime;
 use crate::sql::{quote_ident, quote_literal};
 
 /// Largest frame accepted. The server builds every message in a StringInfo,
@@ -56,9 +56,6 @@ pub const MAX_FRAME_LEN: usize = (1 << 30) + (1 << 16);
 /// Minimum free space before each read, so one syscall can carry hundreds of
 /// small XLogData messages.
 pub const READ_CHUNK: usize = 64 * 1024;
-
-/// Microseconds between the Unix epoch and the PostgreSQL epoch (2000-01-01 UTC).
-const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
 
 const DEFAULT_PORT: u16 = 5432;
 
@@ -1067,7 +1064,7 @@ impl FeedbackSender {
         lsn: u64,
         reply_requested: bool,
     ) -> Result<(), ReplicationError> {
-        encode_status(lsn, pg_now_micros(), reply_requested, &mut self.out);
+        encode_status(lsn, pgtime::now_micros(), reply_requested, &mut self.out);
         write_pending(&mut self.writer, &mut self.out).await
     }
 
@@ -1093,13 +1090,6 @@ fn encode_status(lsn: u64, clock: i64, reply_requested: bool, out: &mut BytesMut
     out.put_u64(lsn);
     out.put_i64(clock);
     out.put_u8(u8::from(reply_requested));
-}
-
-fn pg_now_micros() -> i64 {
-    let since_unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO);
-    i64::try_from(since_unix.as_micros()).unwrap_or(i64::MAX) - PG_EPOCH_OFFSET_MICROS
 }
 
 #[cfg(test)]
