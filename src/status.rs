@@ -6,6 +6,7 @@
 
 use std::process::ExitCode;
 
+use indicatif::HumanBytes;
 use serde_json::{Value, json};
 
 use crate::checkpoint::{Backfill, Checkpoint, ParkStatus};
@@ -133,7 +134,7 @@ pub async fn status(config: &Config, json: bool) -> Result<ExitCode> {
             "WARNING      the slot lags more than telemetry.slot_lag_warn_bytes ({}): Postgres keeps \
              this WAL until waltail confirms it. Is `waltail run` running, and writing (parked \
              batches, PUT retries in its log)? A long transaction also holds it",
-            human_bytes(threshold as i64)
+            HumanBytes(threshold)
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -168,18 +169,8 @@ fn print_slot(name: &str, slot: &Value) {
     println!(
         "server WAL   {}, lag {}{seconds}",
         slot["server_wal_lsn"].as_str().unwrap_or("-"),
-        human_bytes(lag)
+        HumanBytes(lag.max(0) as u64)
     );
-}
-
-fn human_bytes(n: i64) -> String {
-    let n = n.max(0) as f64;
-    match n {
-        n if n >= 1e9 => format!("{:.1} GB", n / 1e9),
-        n if n >= 1e6 => format!("{:.1} MB", n / 1e6),
-        n if n >= 1e3 => format!("{:.1} kB", n / 1e3),
-        n => format!("{n} B"),
-    }
 }
 
 /// The slot as Postgres sees it; `{"error": ...}` when Postgres cannot be asked.

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
@@ -838,7 +838,7 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
         out.push_str(&format!(
             "would compact {} objects ({}), seqs {first}-{last}, tables {tables}{}\n",
             s.objects,
-            human_bytes(s.bytes_in),
+            HumanBytes(s.bytes_in),
             if s.resumed {
                 " (completing an interrupted run)"
             } else {
@@ -849,7 +849,7 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
         out.push_str(&format!(
             "compacted {} objects ({}), seqs {first}-{last}, {} changes in {:.1} s{}\n",
             s.objects,
-            human_bytes(s.bytes_in),
+            HumanBytes(s.bytes_in),
             s.changes,
             s.elapsed.as_secs_f64(),
             if s.resumed {
@@ -862,13 +862,13 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
             "  history  {} files, {} changes, {}\n",
             s.history_files,
             s.changes,
-            human_bytes(s.history_bytes)
+            HumanBytes(s.history_bytes)
         ));
         out.push_str(&format!(
             "  latest   {} files, {} rows, {}\n",
             s.latest_files,
             s.latest_rows,
-            human_bytes(s.latest_bytes)
+            HumanBytes(s.latest_bytes)
         ));
         if s.repeats > 0 || s.repeated_objects > 0 {
             out.push_str(&format!(
@@ -879,27 +879,12 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
         out.push_str(&format!(
             "  {:.0} changes/s, {} in -> {} out\n",
             s.changes as f64 / s.elapsed.as_secs_f64().max(1e-3),
-            human_bytes(s.bytes_in),
-            human_bytes(s.history_bytes + s.latest_bytes)
+            HumanBytes(s.bytes_in),
+            HumanBytes(s.history_bytes + s.latest_bytes)
         ));
     }
     out.push_str(gap.as_deref().unwrap_or_default());
     out
-}
-
-fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
 }
 
 #[cfg(test)]

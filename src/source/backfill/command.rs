@@ -9,7 +9,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::{
     Estimate, Mark, check_server, configured_table, connect, emit, estimate, plan, read_chunk,
@@ -342,7 +342,8 @@ fn print_estimates(config: &Config, estimates: &[TableEstimate], put: Duration, 
             "{:<32} {:>14} {:>10} {:>12}  {key}",
             table.to_string(),
             rows,
-            human_bytes(e.bytes),
+            // A String: HumanBytes's Display ignores the column width.
+            HumanBytes(e.bytes).to_string(),
             human_duration(secs)
         );
     }
@@ -419,21 +420,6 @@ fn group(n: u64) -> String {
     out
 }
 
-fn human_bytes(n: u64) -> String {
-    let units = ["B", "kB", "MB", "GB", "TB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1000.0 && u + 1 < units.len() {
-        v /= 1000.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", units[u])
-    }
-}
-
 fn human_duration(secs: f64) -> String {
     let s = secs.round() as u64;
     match s {
@@ -454,8 +440,6 @@ mod tests {
         assert_eq!(group(999), "999");
         assert_eq!(group(1000), "1,000");
         assert_eq!(group(1234567), "1,234,567");
-        assert_eq!(human_bytes(999), "999 B");
-        assert_eq!(human_bytes(14_200_000), "14.2 MB");
         assert_eq!(human_duration(0.2), "<1s");
         assert_eq!(human_duration(75.0), "1m15s");
         assert_eq!(human_duration(7300.0), "2h01m");
