@@ -101,6 +101,12 @@ pub fn table_hash(table: &TableRef) -> u64 {
 }
 
 /// A tiny fixed-capacity set of row hashes, to avoid a heap allocation per change.
+///
+/// Not the `smallvec` crate, whose `SmallVec<[u64; 2]>` is no drop-in:
+/// `push` here is a set insert (an update whose old tuple has the same key
+/// as its new one names that row once), the capacity is a hard cap that
+/// never moves to the heap (a spill record has room for two hashes, see
+/// `source::spill`), and the type is `Copy` in 24 bytes.
 pub mod smallvec_lite {
     #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
     pub struct Rows {

@@ -552,7 +552,7 @@ fn refuse(status: StatusCode, why: &str) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envelope::smallvec_lite::Rows;
+    use crate::envelope::RowSet;
 
     fn change(table: &Arc<TableRef>) -> Change {
         Change {
@@ -563,7 +563,7 @@ mod tests {
             commit_lsn: 0x1_0000_0010,
             commit_ts: 0,
             index: 0,
-            rows: Rows::one(1),
+            rows: RowSet::one(1),
         }
     }
 
