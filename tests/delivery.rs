@@ -15,6 +15,23 @@ async fn archived_seqs(prefix: &str) -> Vec<u64> {
     seqs_of(&s3_objects(prefix).await)
 }
 
+/// A running pipeline of `tables` writing to SeaweedFS through a proxy the
+/// test can break, one change per object, parking after two attempts of a
+/// second each: (proxy, pipeline, prefix, waltail).
+fn behind_a_proxy(db: &TestDb, name: &str, tables: &str) -> (Proxy, String, String, Waltail) {
+    let proxy = Proxy::start(s3_addr());
+    let pipeline = unique(name).replace('_', "-");
+    let prefix = format!("{name}/{pipeline}");
+    let mut w = Waltail::new(db, &pipeline, tables);
+    w.s3(&prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
+        .set("WALTAIL_DELIVERY_BATCH_SIZE", "1")
+        .set("WALTAIL_DELIVERY_MAX_ATTEMPTS", "2")
+        .set("WALTAIL_DELIVERY_REQUEST_TIMEOUT_MS", "1000");
+    w.start();
+    (proxy, pipeline, prefix, w)
+}
+
 /// An outage of the store: one batch fails on connection resets, one on a
 /// blackholed connection; both park after their attempts. Later changes to
 /// their rows are held, another row flows on, and replay (through the
@@ -22,16 +39,7 @@ async fn archived_seqs(prefix: &str) -> Vec<u64> {
 async fn outage_then_replay(replay_while_running: bool) {
     let db = TestDb::new("outage").await;
     db.exec("CREATE TABLE t (id int PRIMARY KEY, v int)").await;
-    let proxy = Proxy::start(s3_addr());
-    let pipeline = unique("outage").replace('_', "-");
-    let prefix = format!("outage/{pipeline}");
-    let mut w = Waltail::new(&db, &pipeline, "public.t");
-    w.s3(&prefix)
-        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
-        .set("WALTAIL_DELIVERY_BATCH_SIZE", "1")
-        .set("WALTAIL_DELIVERY_MAX_ATTEMPTS", "2")
-        .set("WALTAIL_DELIVERY_REQUEST_TIMEOUT_MS", "1000");
-    w.start();
+    let (proxy, pipeline, prefix, mut w) = behind_a_proxy(&db, "outage", "public.t");
     db.exec("INSERT INTO t VALUES (1, 0), (2, 0), (3, 0), (4, 0)")
         .await;
     eventually(Duration::from_secs(30), "the inserts", async || {
@@ -137,16 +145,7 @@ async fn a_truncate_waits_behind_a_parked_batch_of_its_tables_rows() {
     let db = TestDb::new("trunc").await;
     db.exec("CREATE TABLE t (id int PRIMARY KEY, v int)").await;
     db.exec("CREATE TABLE u (id int PRIMARY KEY, v int)").await;
-    let proxy = Proxy::start(s3_addr());
-    let pipeline = unique("trunc").replace('_', "-");
-    let prefix = format!("trunc/{pipeline}");
-    let mut w = Waltail::new(&db, &pipeline, "public.t, public.u");
-    w.s3(&prefix)
-        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
-        .set("WALTAIL_DELIVERY_BATCH_SIZE", "1")
-        .set("WALTAIL_DELIVERY_MAX_ATTEMPTS", "2")
-        .set("WALTAIL_DELIVERY_REQUEST_TIMEOUT_MS", "1000");
-    w.start();
+    let (proxy, pipeline, prefix, mut w) = behind_a_proxy(&db, "trunc", "public.t, public.u");
     db.exec("INSERT INTO t VALUES (1, 0), (2, 0)").await; // seqs 1, 2
     db.exec("INSERT INTO u VALUES (1, 0)").await; // seq 3
     eventually(Duration::from_secs(30), "the inserts", async || {
