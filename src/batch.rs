@@ -19,10 +19,10 @@ use std::sync::Arc;
 
 use crate::envelope::{self, Change, TableRef};
 
-/// A batch is also cut once its body reaches this size, so wide rows (large
-/// TOASTed values) cannot make one object, and the memory holding the batches
-/// in flight, grow without bound: at most `2 × max_in_flight + 1` batches of
-/// about this size are in memory at once.
+/// The default of `delivery.max_batch_bytes`: a batch is also cut once its
+/// body reaches this size, so wide rows (large TOASTed values) cannot make
+/// one object, and the memory holding the batches in flight, grow without
+/// bound (see the pipeline's bound on the batches in memory).
 pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
 
 /// A batch ready for delivery: one object's worth of envelope lines.
@@ -83,6 +83,8 @@ pub struct Batcher {
     batch_size: usize,
     /// The size of a batch holding only `read` events (backfill).
     read_batch_size: usize,
+    /// A batch is cut once its body reaches this many bytes.
+    max_bytes: usize,
     /// The current batch holds only `read` events.
     reads_only: bool,
     linger: Duration,
@@ -99,6 +101,7 @@ impl Batcher {
         Batcher {
             batch_size,
             read_batch_size: batch_size,
+            max_bytes: MAX_BATCH_BYTES,
             reads_only: true,
             linger,
             namespace,
@@ -112,6 +115,14 @@ impl Batcher {
     /// rows are bulk; their objects can be larger than streamed changes').
     pub fn with_read_batch_size(mut self, size: usize) -> Self {
         self.read_batch_size = size.max(1);
+        self
+    }
+
+    /// Cuts a batch once its body reaches `bytes` (`delivery.max_batch_bytes`)
+    /// instead of [`MAX_BATCH_BYTES`]. A restart re-forms recorded batches by
+    /// their seqs, so changing it between runs never re-cuts a batch.
+    pub fn with_max_bytes(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes.max(1);
         self
     }
 
@@ -157,7 +168,7 @@ impl Batcher {
         if self
             .current
             .as_ref()
-            .is_some_and(|b| b.changes() as usize >= limit || b.body.len() >= MAX_BATCH_BYTES)
+            .is_some_and(|b| b.changes() as usize >= limit || b.body.len() >= self.max_bytes)
         {
             return self.take().map(Cut::Ready);
         }
@@ -292,6 +303,19 @@ mod tests {
         let batch = ready(b.push(3, &wide));
         assert_eq!((batch.first_seq, batch.last_seq), (1, 3));
         assert!(batch.body.len() >= MAX_BATCH_BYTES);
+    }
+
+    #[test]
+    fn cuts_at_the_configured_max_bytes() {
+        let mut b =
+            Batcher::new(100, Duration::from_secs(1), Uuid::nil(), vec![]).with_max_bytes(1024);
+        let mut wide = change(1);
+        wide.data = Some(format!("{{\"blob\":\"{}\"}}", "x".repeat(250)).into_bytes());
+        assert!(b.push(1, &wide).is_none());
+        assert!(b.push(2, &wide).is_none());
+        let batch = ready(b.push(3, &wide));
+        assert_eq!((batch.first_seq, batch.last_seq), (1, 3));
+        assert!(batch.body.len() >= 1024 && batch.body.len() < MAX_BATCH_BYTES);
     }
 
     #[tokio::test(start_paused = true)]

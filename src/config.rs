@@ -24,6 +24,12 @@ pub const DEFAULT_BATCH_SIZE: usize = 100;
 /// A partial batch waits at most this long, so a committed change reaches the
 /// archive within about a second even when writes are rare.
 pub const DEFAULT_LINGER_MS: u64 = 200;
+/// An object is cut at this many bytes even before `batch_size` changes (see
+/// [`crate::batch::MAX_BATCH_BYTES`]).
+pub const DEFAULT_MAX_BATCH_BYTES: usize = crate::batch::MAX_BATCH_BYTES;
+/// The largest `delivery.max_batch_bytes`: every batch in memory (uploading,
+/// waiting, being filled) may be this large, and a PUT holds it whole.
+pub const MAX_MAX_BATCH_BYTES: i64 = 256 * 1024 * 1024;
 /// Batches uploading at once: enough to hide one PUT's latency behind others.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
 /// Attempts per batch before it is given up (the product page's "5 times").
@@ -338,6 +344,8 @@ pub struct S3Config {
 #[derive(Debug, Clone)]
 pub struct DeliveryConfig {
     pub batch_size: usize,
+    /// `delivery.max_batch_bytes`: an object's size cap in bytes.
+    pub max_batch_bytes: usize,
     pub linger: Duration,
     /// Changes per second; 0 means unlimited.
     pub rate_limit: u32,
@@ -351,6 +359,7 @@ impl Default for DeliveryConfig {
     fn default() -> Self {
         DeliveryConfig {
             batch_size: DEFAULT_BATCH_SIZE,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             linger: Duration::from_millis(DEFAULT_LINGER_MS),
             rate_limit: 0,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
@@ -428,6 +437,7 @@ struct RawDestination {
 #[serde(deny_unknown_fields)]
 struct RawDelivery {
     batch_size: Option<i64>,
+    max_batch_bytes: Option<i64>,
     linger_ms: Option<i64>,
     rate_limit: Option<i64>,
     max_in_flight: Option<i64>,
@@ -466,6 +476,7 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("destination", "path", Kind::Str),
     ("delivery", "batch_size", Kind::Int),
     ("delivery", "linger_ms", Kind::Int),
+    ("delivery", "max_batch_bytes", Kind::Int),
     ("delivery", "rate_limit", Kind::Int),
     ("delivery", "max_in_flight", Kind::Int),
     ("delivery", "max_attempts", Kind::Int),
@@ -837,6 +848,12 @@ fn validate(raw: RawConfig) -> Result<Config> {
                     d.batch_size,
                     DEFAULT_BATCH_SIZE as i64,
                     1_000_000,
+                )? as usize,
+                max_batch_bytes: positive(
+                    "delivery.max_batch_bytes",
+                    d.max_batch_bytes,
+                    DEFAULT_MAX_BATCH_BYTES as i64,
+                    MAX_MAX_BATCH_BYTES,
                 )? as usize,
                 linger: Duration::from_millis(linger_ms as u64),
                 rate_limit: rate_limit as u32,
@@ -1225,6 +1242,30 @@ mod tests {
         assert!(err.contains("gzip takes 0 (none) to 9"), "{err}");
         let err = level("compression = \"snappy\"\ncompression_level = 3", &[]).unwrap_err();
         assert!(err.contains("only zstd and gzip have levels"), "{err}");
+    }
+
+    #[test]
+    fn max_batch_bytes_defaults_to_8_mib_and_is_bounded() {
+        let c = load(MINIMAL, &[]).unwrap();
+        assert_eq!(c.delivery.max_batch_bytes, 8 * 1024 * 1024);
+        let c = load(
+            &format!("{MINIMAL}\n[delivery]\nmax_batch_bytes = 65536\n"),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.delivery.max_batch_bytes, 65536);
+        let c = load(MINIMAL, &[("WALTAIL_DELIVERY_MAX_BATCH_BYTES", "1048576")]).unwrap();
+        assert_eq!(c.delivery.max_batch_bytes, 1 << 20);
+        for bad in ["0", "268435457"] {
+            let err = load(MINIMAL, &[("WALTAIL_DELIVERY_MAX_BATCH_BYTES", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("delivery.max_batch_bytes = {bad}"))
+                    && err.contains("between 1 and 268435456"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::batch::{self, Batch, Batcher, Cut};
+use crate::batch::{Batch, Batcher, Cut};
 use crate::checkpoint::{self, Checkpoint, Cursor, ParkStatus, Parked, Progress};
 use crate::config::Config;
 use crate::console::{Fate, JOURNAL};
@@ -310,7 +310,8 @@ async fn session(
         namespace,
         intents,
     )
-    .with_read_batch_size(config.backfill.batch_size);
+    .with_read_batch_size(config.backfill.batch_size)
+    .with_max_bytes(config.delivery.max_batch_bytes);
     let parked = checkpoint.parked()?;
     if !parked.is_empty() {
         tracing::warn!(
@@ -348,6 +349,7 @@ async fn session(
         waiting: VecDeque::new(),
         waiting_max: config.delivery.max_in_flight.max(1) * WAITING_PER_UPLOAD,
         waiting_bytes: 0,
+        max_batch_bytes: config.delivery.max_batch_bytes,
         confirm: confirm_tx,
         stats: Stats::default(),
         window: None,
@@ -589,9 +591,12 @@ struct Pipeline<'a> {
     waiting: VecDeque<Batch>,
     /// How many batches may wait ([`WAITING_PER_UPLOAD`] per upload slot).
     waiting_max: usize,
-    /// The bytes of the waiting batches' bodies (at most about
-    /// [`batch::MAX_BATCH_BYTES`] wait, whatever the count).
+    /// The bytes of the waiting batches' bodies (less than
+    /// `delivery.max_batch_bytes` wait before the last one joins, whatever
+    /// the count).
     waiting_bytes: usize,
+    /// `delivery.max_batch_bytes`.
+    max_batch_bytes: usize,
     confirm: watch::Sender<u64>,
     stats: Stats,
     /// The backfill chunk whose watermarks are being passed, if any.
@@ -1014,7 +1019,7 @@ impl Pipeline<'_> {
     /// Whether cut batches wait in such number or size that no more events
     /// are taken (backpressure to the source).
     fn waiting_full(&self) -> bool {
-        self.waiting.len() >= self.waiting_max || self.waiting_bytes >= batch::MAX_BATCH_BYTES
+        self.waiting.len() >= self.waiting_max || self.waiting_bytes >= self.max_batch_bytes
     }
 
     fn pop_waiting(&mut self) -> Batch {

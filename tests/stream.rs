@@ -95,6 +95,42 @@ async fn default_destination_is_the_local_folder() {
     db.drop_db().await;
 }
 
+/// `delivery.max_batch_bytes` cuts an object by size before `batch_size`:
+/// one transaction of wide rows becomes several objects, none much over the
+/// cap, and the archive still replays to the table.
+#[tokio::test]
+async fn objects_are_cut_at_max_batch_bytes() {
+    let db = TestDb::new("maxbytes").await;
+    db.exec("CREATE TABLE w (id int PRIMARY KEY, v text)").await;
+    let pipeline = unique("maxbytes").replace('_', "-");
+    let prefix = format!("maxbytes/{pipeline}");
+    let mut w = Waltail::new(&db, &pipeline, "public.w");
+    w.s3(&prefix)
+        .set("WALTAIL_DELIVERY_BATCH_SIZE", "1000")
+        .set("WALTAIL_DELIVERY_MAX_BATCH_BYTES", "16384");
+    w.start();
+    db.exec("INSERT INTO w SELECT g, repeat('x', 1000) FROM generate_series(1, 100) g")
+        .await;
+    eventually(Duration::from_secs(30), "the 100 inserts", async || {
+        seqs_of(&s3_objects(&prefix).await).len() == 100
+    })
+    .await;
+    let changes = checked_changes(&s3_objects(&prefix).await, Some(&prefix), &pipeline);
+    assert_eq!(replay(&changes)["public.w"], db.rows("w").await);
+    let sizes: Vec<usize> = s3_objects(&prefix)
+        .await
+        .iter()
+        .filter(|o| o.key.ends_with(".ndjson"))
+        .map(|o| o.body.len())
+        .collect();
+    // Each line is about 1.2 KB: an object closes at the line that reaches
+    // 16 KiB, so it is at most one line over.
+    assert!(sizes.len() >= 6, "{sizes:?}");
+    assert!(sizes.iter().all(|&n| n < 16384 + 1500), "{sizes:?}");
+    w.stop();
+    db.drop_db().await;
+}
+
 #[tokio::test]
 async fn seq_continues_across_graceful_and_hard_restarts() {
     let db = TestDb::new("restart").await;
