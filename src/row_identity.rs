@@ -144,7 +144,6 @@ mod tests {
     /// hasher and `Hash` impls: on the Rust that made the state format the
     /// two agree, which is what lets states written then keep their holds.
     fn with_std(table: &str, keys: &[KeyValue<'_>]) -> u64 {
-        #[allow(deprecated)]
         let mut h = std::collections::hash_map::DefaultHasher::new();
         table.to_string().hash(&mut h);
         for k in keys {
