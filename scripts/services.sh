@@ -6,8 +6,11 @@
 #   - SeaweedFS S3 with an admin and a PutObject-only identity (port 8333)
 #   - a headless-capable Chromium for the console test (installed if missing,
 #     see chromium.sh; `down` leaves it installed)
-#   - DuckDB's Python package, which the compact test reads Parquet with
-#     (installed in a venv if missing, see duckdb.sh)
+#   - the readers we did not write, in one venv (installed if missing or at
+#     another version, see duckdb.sh): DuckDB's Python package, which the
+#     compact test reads Parquet with, with DuckDB's delta and httpfs
+#     extensions (wheels, loaded offline), and the deltalake package with
+#     pyarrow; tests/readers/delta.py reads Delta tables with them
 # Usage: eval "$(scripts/services.sh up)"; ...; scripts/services.sh down
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -1,0 +1,739 @@
+//! The Delta Lake tables compact publishes: each source table's history
+//! (`parquet/<schema>/<table>/`, partitioned by `date`) and latest view
+//! (`latest/<schema>/<table>/`) is a Delta table, a `_delta_log/` beside its
+//! data files, so Spark, Trino, Athena, DuckDB and the `deltalake` package
+//! read a whole snapshot without knowing waltail.
+//!
+//! The log is compact's only commit point. A run commits once per table it
+//! touches (the history first, then the latest view, see `compact::run`),
+//! and each commit carries a `txn` action: the app id of the pipeline and
+//! table, and as version the last seq compacted. What a table holds is read
+//! back from its log: the txn version (where the next run starts), the
+//! schema (the column types a later run must widen; each field records its
+//! waltail kind), the configuration (the latest view's bucket count) and
+//! the files. Nothing else records progress, so nothing can disagree with
+//! the log after a crash: a run that stops before its commit leaves files
+//! no snapshot names (vacuum deletes them), and one that stops after it is
+//! done for that table.
+//!
+//! The protocol is the lowest the table needs, so older readers open it:
+//! reader 1 / writer 2, or reader 3 / writer 7 with the `timestampNtz`
+//! feature when the table has a `timestamp without time zone` column (Delta
+//! has no other type for it). The log gets a checkpoint every
+//! [`CHECKPOINT_INTERVAL`] commits, so opening a table reads one Parquet file
+//! and at most that many JSON commits whatever its age.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
+use deltalake_core::kernel::{
+    Action, Add, DataType as DeltaType, MetadataExt, MetadataValue, Remove, StructField,
+    StructType, Transaction,
+};
+use deltalake_core::logstore::{LogStoreRef, StorageConfig, default_logstore};
+use deltalake_core::operations::create::CreateBuilder;
+use deltalake_core::operations::vacuum::VacuumMode;
+use deltalake_core::protocol::{DeltaOperation, OutputMode, SaveMode};
+use deltalake_core::{DeltaTable, DeltaTableError};
+use object_store::ObjectStore;
+use url::Url;
+
+use super::typing::{Column, Kind, TableShape};
+use crate::config::DestinationConfig;
+use crate::{Error, Result};
+
+/// Commits between two checkpoints of a log (Delta's own default).
+pub const CHECKPOINT_INTERVAL: u64 = 10;
+
+/// The field metadata key that records a column's waltail kind: Delta's
+/// `string` is both text and JSON, and a later run must know which.
+const KIND_KEY: &str = "waltail.kind";
+
+/// The table property that records a latest view's bucket count.
+const BUCKETS_KEY: &str = "waltail.buckets";
+
+/// Which of a source table's two Delta tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Every change, partitioned by `date`.
+    History,
+    /// One row per key.
+    Latest,
+}
+
+impl Role {
+    /// The folder under the prefix that holds this role's tables.
+    pub fn root(self) -> &'static str {
+        match self {
+            Role::History => "parquet",
+            Role::Latest => "latest",
+        }
+    }
+}
+
+/// Where the archive's Delta tables live, as delta-rs addresses them: a
+/// store rooted where the URLs' paths start, and the archive's URL.
+#[derive(Clone)]
+pub struct Location {
+    root: Arc<dyn ObjectStore>,
+    /// The archive root (bucket and prefix, or folder), ending in `/`.
+    base: Url,
+}
+
+impl std::fmt::Debug for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Location({})", self.base)
+    }
+}
+
+impl Location {
+    /// The Delta location of an archive. On S3 it shares the sink's store
+    /// (bucket-rooted, retried as compact retries); a folder gets a store
+    /// rooted at `/` and `file://` URLs, so delta-rs sorts the folder's
+    /// listings (a local file system lists in no order).
+    pub fn new(dest: &DestinationConfig, store: &Arc<dyn ObjectStore>) -> Result<Location> {
+        let bad = |what: String| {
+            Error::config(format!(
+                "cannot address the archive as Delta tables: {what}"
+            ))
+        };
+        match dest {
+            DestinationConfig::File { path, prefix } => {
+                let abs = std::path::absolute(path)
+                    .map_err(|e| Error::io(format!("cannot resolve {}", path.display()), e))?;
+                let dir = match prefix {
+                    Some(p) => abs.join(p),
+                    None => abs,
+                };
+                let base = Url::from_directory_path(&dir)
+                    .map_err(|()| bad(format!("{} is not an absolute path", dir.display())))?;
+                Ok(Location {
+                    root: Arc::new(object_store::local::LocalFileSystem::new()),
+                    base,
+                })
+            }
+            DestinationConfig::S3(s3) => {
+                let mut url = format!("s3://{}/", s3.bucket);
+                if let Some(p) = dest.prefix() {
+                    url.push_str(p.trim_matches('/'));
+                    url.push('/');
+                }
+                let base = Url::parse(&url).map_err(|e| bad(format!("{url}: {e}")))?;
+                Ok(Location {
+                    root: Arc::clone(store),
+                    base,
+                })
+            }
+        }
+    }
+
+    /// The URL of the table of `shape` in `role`, ending in `/`.
+    pub fn table_url(&self, role: Role, dir: &str) -> Result<Url> {
+        self.base
+            .join(&format!("{}/{dir}/", role.root()))
+            .map_err(|e| Error::bug(format!("a table URL under {}: {e}", self.base)))
+    }
+
+    fn log_store(&self, url: &Url) -> LogStoreRef {
+        let prefixed: Arc<dyn ObjectStore> = Arc::new(object_store::prefix::PrefixStore::new(
+            Arc::clone(&self.root),
+            object_store::path::Path::from(url.path()),
+        ));
+        default_logstore(
+            prefixed,
+            Arc::clone(&self.root),
+            url,
+            &StorageConfig::default(),
+        )
+    }
+}
+
+/// The app id of a table's txn actions: stable for the pipeline and table
+/// (the same for its history and its latest view, which are two logs).
+pub fn app_id(pipeline: &str, table: &str) -> String {
+    format!("waltail:{pipeline}:{table}")
+}
+
+/// A committed Delta table as a run needs it.
+pub struct Published {
+    table: DeltaTable,
+    pub url: Url,
+    /// The table's Delta version.
+    pub version: u64,
+    /// The last seq compacted into it (the txn version); `None` for a table
+    /// no waltail run committed to.
+    pub seq: Option<u64>,
+    /// The data columns, with the kinds their fields record.
+    pub columns: Vec<Column>,
+    /// The latest view's buckets (1 for a history).
+    pub buckets: u32,
+    /// The data files: path relative to the table, size, rows.
+    pub files: Vec<DataFile>,
+}
+
+impl std::fmt::Debug for Published {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Published")
+            .field("url", &self.url.as_str())
+            .field("version", &self.version)
+            .field("seq", &self.seq)
+            .field("files", &self.files.len())
+            .finish()
+    }
+}
+
+/// A data file of a snapshot, or one to add.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataFile {
+    /// Relative to the table's folder, e.g. `date=2026-12-02/5-9-ab12cd34.parquet`.
+    pub path: String,
+    pub size: u64,
+    pub rows: u64,
+    /// The history's `date` partition (`YYYY-MM-DD`).
+    pub date: Option<String>,
+}
+
+impl Published {
+    /// Rows in the table's current snapshot (from the files' statistics).
+    pub fn rows(&self) -> u64 {
+        self.files.iter().map(|f| f.rows).sum()
+    }
+
+    /// The version of another app id's txn in this snapshot.
+    pub async fn app_version(&self, app_id: &str) -> Result<Option<i64>> {
+        let state = self
+            .table
+            .snapshot()
+            .map_err(|e| delta_error("cannot read", &self.url, e))?;
+        state
+            .transaction_version(self.table.log_store().as_ref(), app_id)
+            .await
+            .map_err(|e| delta_error("cannot read the txn of", &self.url, e))
+    }
+}
+
+fn delta_error(what: &str, url: &Url, e: DeltaTableError) -> Error {
+    Error::fatal(
+        format!("{what} the Delta table {url}: {e}"),
+        "check that the destination is reachable and run `waltail compact` again",
+    )
+}
+
+/// Loads the table at `url`, or `None` when it has no log yet.
+pub async fn load(
+    loc: &Location,
+    role: Role,
+    dir: &str,
+    app_id: &str,
+) -> Result<Option<Published>> {
+    let url = loc.table_url(role, dir)?;
+    let log_store = loc.log_store(&url);
+    let exists = log_store
+        .is_delta_table_location()
+        .await
+        .map_err(|e| delta_error("cannot list", &url, e))?;
+    if !exists {
+        return Ok(None);
+    }
+    let mut table = DeltaTable::new(log_store);
+    table
+        .load()
+        .await
+        .map_err(|e| delta_error("cannot open", &url, e))?;
+    published(table, url, app_id).await.map(Some)
+}
+
+async fn published(table: DeltaTable, url: Url, app_id: &str) -> Result<Published> {
+    let state = table
+        .snapshot()
+        .map_err(|e| delta_error("cannot read", &url, e))?;
+    let seq = state
+        .transaction_version(table.log_store().as_ref(), app_id)
+        .await
+        .map_err(|e| delta_error("cannot read the txn of", &url, e))?
+        .map(|v| v.max(0) as u64);
+    let schema = state.schema();
+    let columns = schema
+        .fields()
+        .filter_map(|f| {
+            let MetadataValue::String(kind) = f.metadata().get(KIND_KEY)? else {
+                return None;
+            };
+            let kind: Kind = serde_json::from_str(kind).ok()?;
+            Some(Column {
+                name: f.name().clone(),
+                kind,
+            })
+        })
+        .collect();
+    let buckets = state
+        .metadata()
+        .configuration()
+        .get(BUCKETS_KEY)
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(1);
+    let files = state
+        .log_data()
+        .iter()
+        .map(|f| {
+            let path = f.path().into_owned();
+            let rows = f
+                .stats()
+                .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+                .and_then(|s| s["numRecords"].as_u64())
+                .unwrap_or(0);
+            let date = partition_date(&path);
+            DataFile {
+                size: f.size().max(0) as u64,
+                rows,
+                date,
+                path,
+            }
+        })
+        .collect();
+    Ok(Published {
+        version: state.version(),
+        url,
+        seq,
+        columns,
+        buckets,
+        files,
+        table,
+    })
+}
+
+/// The `date` partition a history file's path names.
+fn partition_date(path: &str) -> Option<String> {
+    path.split('/')
+        .find_map(|p| p.strip_prefix("date="))
+        .map(str::to_string)
+}
+
+/// The Delta schema of a role's table: its Arrow columns as Delta types
+/// (each data column's waltail kind in its metadata), and for a history the
+/// `date` partition column, which the files do not hold.
+pub fn schema(shape: &TableShape, role: Role) -> Result<StructType> {
+    let mut fields: Vec<StructField> = shape
+        .columns
+        .iter()
+        .map(|c| {
+            let kind = serde_json::to_string(&c.kind)
+                .map_err(|e| Error::bug(format!("a column kind as JSON: {e}")))?;
+            Ok(StructField::new(&c.name, delta_type(c.kind)?, true)
+                .with_metadata([(KIND_KEY, MetadataValue::String(kind))]))
+        })
+        .collect::<Result<_>>()?;
+    let string = |name: &str, nullable| StructField::new(name, DeltaType::STRING, nullable);
+    match role {
+        Role::History => fields.extend([
+            string("_op", false),
+            StructField::new("_seq", DeltaType::LONG, false),
+            string("_lsn", false),
+            string("_key", true),
+            string("_old", true),
+            string("_unchanged", true),
+            StructField::new("date", DeltaType::DATE, true),
+        ]),
+        Role::Latest => fields.extend([
+            StructField::new("_seq", DeltaType::LONG, false),
+            string("_lsn", false),
+            string("_key", false),
+        ]),
+    }
+    StructType::try_new(fields).map_err(|e| {
+        Error::fatal(
+            format!("{}: no Delta schema for its columns: {e}", shape.table),
+            "rename the column in Postgres, or leave the table out of `waltail compact`",
+        )
+    })
+}
+
+/// The Delta type a kind is written as (the Arrow type of
+/// [`Kind::data_type`], named as Delta names it).
+fn delta_type(kind: Kind) -> Result<DeltaType> {
+    Ok(match kind {
+        Kind::Int16 => DeltaType::SHORT,
+        Kind::Int32 => DeltaType::INTEGER,
+        Kind::Int64 => DeltaType::LONG,
+        Kind::Float32 => DeltaType::FLOAT,
+        Kind::Float64 => DeltaType::DOUBLE,
+        Kind::Bool => DeltaType::BOOLEAN,
+        Kind::Decimal { precision, scale } => DeltaType::decimal(precision, scale.max(0) as u8)
+            .map_err(|e| Error::bug(format!("decimal({precision}, {scale}): {e}")))?,
+        Kind::Date => DeltaType::DATE,
+        Kind::Timestamp => DeltaType::TIMESTAMP_NTZ,
+        Kind::TimestampTz => DeltaType::TIMESTAMP,
+        Kind::Text | Kind::Json => DeltaType::STRING,
+    })
+}
+
+/// One run's commit to one table.
+pub struct Commit<'a> {
+    pub shape: &'a TableShape,
+    pub role: Role,
+    pub app_id: &'a str,
+    /// The last seq compacted (the txn version).
+    pub seq: u64,
+    pub adds: Vec<DataFile>,
+    /// Paths (relative to the table) of files this commit replaces.
+    pub removes: Vec<String>,
+    /// The latest view's bucket count (ignored for a history).
+    pub buckets: u32,
+    /// More txn actions (app id, version) for the same commit.
+    pub txns: Vec<(String, i64)>,
+    /// Recorded in the commit's `commitInfo` (`waltail.*` keys).
+    pub info: Vec<(String, serde_json::Value)>,
+}
+
+/// Commits `commit` to the table at `dir` as `previous` left it (creating
+/// it when there is none): adds, removes and the txn in one log entry.
+/// Returns the new Delta version.
+///
+/// If another writer committed in between, delta-rs checks the two: a
+/// commit that touched neither our txn nor our files (a vacuum) is let
+/// through and ours is written after it; another run's commit to the same
+/// table (its txn) stops ours with an error that says so.
+pub async fn commit(
+    loc: &Location,
+    dir: &str,
+    previous: Option<&Published>,
+    commit: Commit<'_>,
+) -> Result<u64> {
+    let url = loc.table_url(commit.role, dir)?;
+    let schema = schema(commit.shape, commit.role)?;
+    let now = chrono::Utc::now().timestamp_millis();
+    let mut actions: Vec<Action> = commit
+        .adds
+        .iter()
+        .map(|f| {
+            Action::Add(Add {
+                path: f.path.clone(),
+                partition_values: match commit.role {
+                    Role::History => HashMap::from([("date".to_string(), f.date.clone())]),
+                    Role::Latest => HashMap::new(),
+                },
+                size: f.size as i64,
+                modification_time: now,
+                data_change: true,
+                stats: Some(format!("{{\"numRecords\":{}}}", f.rows)),
+                ..Default::default()
+            })
+        })
+        .collect();
+    actions.extend(commit.removes.iter().map(|path| {
+        Action::Remove(Remove {
+            path: path.clone(),
+            data_change: true,
+            deletion_timestamp: Some(now),
+            extended_file_metadata: Some(false),
+            ..Default::default()
+        })
+    }));
+    let txn = Transaction::new_with_last_update(commit.app_id, commit.seq as i64, Some(now));
+    let mut txns = vec![txn];
+    txns.extend(
+        commit
+            .txns
+            .iter()
+            .map(|(id, v)| Transaction::new_with_last_update(id, *v, Some(now))),
+    );
+    let props = CommitProperties::default()
+        .with_application_transactions(txns)
+        .with_metadata(
+            commit
+                .info
+                .into_iter()
+                .chain([("waltail.seq".to_string(), commit.seq.into())]),
+        );
+    let buckets = match commit.role {
+        Role::History => None,
+        Role::Latest => Some(commit.buckets.max(1)),
+    };
+    let partitions: Vec<&str> = match commit.role {
+        Role::History => vec!["date"],
+        Role::Latest => vec![],
+    };
+    let conflict = |e: DeltaTableError| match e {
+        DeltaTableError::Transaction {
+            source: TransactionError::CommitConflict(c),
+        } => Error::fatal(
+            format!(
+                "another `waltail compact` committed to {} while this run was writing ({c})",
+                commit.shape.table
+            ),
+            "nothing of this run is visible; run `waltail compact` again once the other run has finished",
+        ),
+        DeltaTableError::Transaction {
+            source: TransactionError::VersionAlreadyExists(v),
+        }
+        | DeltaTableError::VersionAlreadyExists(v) => Error::fatal(
+            format!("another writer committed version {v} of {url} first, again and again"),
+            "run `waltail compact` again once the other writer has finished",
+        ),
+        e => delta_error("cannot commit to", &url, e),
+    };
+    let log_store = loc.log_store(&url);
+    let Some(previous) = previous else {
+        let mut config: Vec<(String, String)> = vec![(
+            "delta.checkpointInterval".into(),
+            CHECKPOINT_INTERVAL.to_string(),
+        )];
+        if let Some(b) = buckets {
+            config.push((BUCKETS_KEY.into(), b.to_string()));
+        }
+        let table = CreateBuilder::new()
+            .with_log_store(log_store)
+            .with_columns(schema.fields().cloned())
+            .with_partition_columns(partitions)
+            .with_configuration(config.into_iter().map(|(k, v)| (k, Some(v))))
+            .with_save_mode(SaveMode::ErrorIfExists)
+            // `waltail.buckets` is ours: kept, not refused as an unknown `delta.*` key.
+            .with_raise_if_key_not_exists(false)
+            .with_actions(actions)
+            .with_commit_properties(props)
+            .await
+            .map_err(|e| match e {
+                DeltaTableError::GenericError { .. } | DeltaTableError::VersionAlreadyExists(0) => {
+                    Error::fatal(
+                        format!(
+                            "another `waltail compact` created {url} while this run was writing ({e})"
+                        ),
+                        "nothing of this run is visible; run `waltail compact` again once the other run has finished",
+                    )
+                }
+                e => conflict(e),
+            })?;
+        return Ok(table.version().unwrap_or(0));
+    };
+    let state = previous
+        .table
+        .snapshot()
+        .map_err(|e| delta_error("cannot read", &url, e))?;
+    // The schema grows with the table's columns (schema evolution), and the
+    // bucket count with the view: both are the table's metadata.
+    let current = state.schema();
+    let buckets_changed = buckets.is_some_and(|b| b != previous.buckets);
+    if current.as_ref() != &schema || buckets_changed {
+        let mut metadata = state
+            .metadata()
+            .clone()
+            .with_schema(&schema)
+            .map_err(|e| delta_error("cannot change the schema of", &url, e.into()))?;
+        if let Some(b) = buckets {
+            metadata = metadata
+                .add_config_key(BUCKETS_KEY.into(), b.to_string())
+                .map_err(|e| delta_error("cannot change the configuration of", &url, e.into()))?;
+        }
+        actions.push(Action::Metadata(metadata));
+        if has_timestamp_ntz(&schema) && !has_timestamp_ntz(current.as_ref()) {
+            actions.push(Action::Protocol(timestamp_ntz_protocol(&url)?));
+        }
+    }
+    let operation = DeltaOperation::StreamingUpdate {
+        output_mode: match commit.role {
+            Role::History => OutputMode::Append,
+            Role::Latest => OutputMode::Update,
+        },
+        query_id: commit.app_id.to_string(),
+        epoch_id: commit.seq as i64,
+    };
+    let done = CommitBuilder::from(props)
+        .with_actions(actions)
+        .build(Some(state), log_store, operation)
+        .await
+        .map_err(conflict)?;
+    Ok(done.version())
+}
+
+fn has_timestamp_ntz(schema: &StructType) -> bool {
+    schema
+        .fields()
+        .any(|f| f.data_type() == &DeltaType::TIMESTAMP_NTZ)
+}
+
+/// Reader 3 / writer 7 with `timestampNtz`: what a table needs once it has
+/// a `timestamp without time zone` column.
+fn timestamp_ntz_protocol(url: &Url) -> Result<deltalake_core::kernel::Protocol> {
+    serde_json::from_value(serde_json::json!({
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": ["timestampNtz"],
+        "writerFeatures": ["timestampNtz"],
+    }))
+    .map_err(|e| Error::bug(format!("the timestampNtz protocol of {url}: {e}")))
+}
+
+/// Deletes the files of the table at `dir` that no snapshot younger than
+/// `retain` needs: replaced files once `retain` has passed since their
+/// removal, and files no commit names (a run that stopped before its
+/// commit) once they are that old. Returns how many it deleted.
+pub async fn vacuum(loc: &Location, role: Role, dir: &str, retain: Duration) -> Result<usize> {
+    let url = loc.table_url(role, dir)?;
+    let log_store = loc.log_store(&url);
+    if !log_store
+        .is_delta_table_location()
+        .await
+        .map_err(|e| delta_error("cannot list", &url, e))?
+    {
+        return Ok(0);
+    }
+    let mut table = DeltaTable::new(log_store);
+    table
+        .load()
+        .await
+        .map_err(|e| delta_error("cannot open", &url, e))?;
+    let retention = chrono::Duration::from_std(retain)
+        .map_err(|e| Error::config(format!("compact.retain {retain:?}: {e}")))?;
+    let (_, metrics) = table
+        .vacuum()
+        .with_retention_period(retention)
+        .with_enforce_retention_duration(false)
+        .with_mode(VacuumMode::Full)
+        .await
+        .map_err(|e| delta_error("cannot vacuum", &url, e))?;
+    Ok(metrics.files_deleted.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> TableShape {
+        let mut s = TableShape::test_t();
+        s.columns.push(Column {
+            name: "at".into(),
+            kind: Kind::Timestamp,
+        });
+        s
+    }
+
+    #[test]
+    fn kinds_map_to_delta_types_and_back_through_the_field_metadata() {
+        let s = shape();
+        let schema = schema(&s, Role::History).unwrap();
+        let names: Vec<&str> = schema.fields().map(|f| f.name().as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "id",
+                "doc",
+                "at",
+                "_op",
+                "_seq",
+                "_lsn",
+                "_key",
+                "_old",
+                "_unchanged",
+                "date"
+            ]
+        );
+        assert_eq!(
+            schema.field("at").unwrap().data_type(),
+            &DeltaType::TIMESTAMP_NTZ
+        );
+        assert!(has_timestamp_ntz(&schema));
+        assert!(!has_timestamp_ntz(
+            &super::schema(&TableShape::test_t(), Role::Latest).unwrap()
+        ));
+        assert_eq!(
+            partition_date("date=2026-12-02/1-2-ab.parquet").as_deref(),
+            Some("2026-12-02")
+        );
+        assert_eq!(partition_date("0-1-2.parquet"), None);
+    }
+
+    #[tokio::test]
+    async fn a_commit_is_read_back_with_its_txn_columns_buckets_and_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = DestinationConfig::File {
+            path: dir.path().to_path_buf(),
+            prefix: None,
+        };
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let loc = Location::new(&dest, &store).unwrap();
+        let s = shape();
+        let id = app_id("p", "public.t");
+        assert!(
+            load(&loc, Role::Latest, "public/t", &id)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let file = |path: &str, rows| DataFile {
+            path: path.into(),
+            size: 10,
+            rows,
+            date: None,
+        };
+        std::fs::create_dir_all(dir.path().join("latest/public/t")).unwrap();
+        let commit1 = Commit {
+            shape: &s,
+            role: Role::Latest,
+            app_id: &id,
+            seq: 41,
+            adds: vec![file("a.parquet", 3), file("b.parquet", 4)],
+            removes: vec![],
+            buckets: 2,
+            info: vec![],
+            txns: vec![],
+        };
+        assert_eq!(commit(&loc, "public/t", None, commit1).await.unwrap(), 0);
+        let p = load(&loc, Role::Latest, "public/t", &id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((p.version, p.seq, p.buckets, p.rows()), (0, Some(41), 2, 7));
+        assert_eq!(p.columns, s.columns);
+        let commit2 = Commit {
+            shape: &s,
+            role: Role::Latest,
+            app_id: &id,
+            seq: 90,
+            adds: vec![file("c.parquet", 5)],
+            removes: vec!["a.parquet".into()],
+            buckets: 4,
+            info: vec![],
+            txns: vec![],
+        };
+        assert_eq!(
+            commit(&loc, "public/t", Some(&p), commit2).await.unwrap(),
+            1
+        );
+        let p = load(&loc, Role::Latest, "public/t", &id)
+            .await
+            .unwrap()
+            .unwrap();
+        let mut paths: Vec<&str> = p.files.iter().map(|f| f.path.as_str()).collect();
+        paths.sort();
+        assert_eq!((p.version, p.seq, p.buckets), (1, Some(90), 4));
+        assert_eq!(paths, ["b.parquet", "c.parquet"]);
+        // Two runs from the same snapshot: the second's txn conflicts.
+        let first = load(&loc, Role::Latest, "public/t", &id)
+            .await
+            .unwrap()
+            .unwrap();
+        let run = |seq| Commit {
+            shape: &s,
+            role: Role::Latest,
+            app_id: &id,
+            seq,
+            adds: vec![file(&format!("{seq}.parquet"), 1)],
+            removes: vec![],
+            buckets: 4,
+            info: vec![],
+            txns: vec![],
+        };
+        commit(&loc, "public/t", Some(&first), run(92))
+            .await
+            .unwrap();
+        let err = commit(&loc, "public/t", Some(&first), run(95))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("another `waltail compact`"),
+            "{err}"
+        );
+    }
+}
