@@ -19,6 +19,7 @@
 //! is compacted twice.
 
 pub mod columns;
+pub mod delta;
 pub mod history;
 pub mod latest;
 pub mod listing;
