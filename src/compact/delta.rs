@@ -736,4 +736,66 @@ mod tests {
             "{err}"
         );
     }
+
+    #[tokio::test]
+    async fn every_tenth_commit_writes_a_checkpoint_and_vacuum_deletes_what_no_snapshot_needs() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = DestinationConfig::File {
+            path: dir.path().to_path_buf(),
+            prefix: None,
+        };
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let loc = Location::new(&dest, &store).unwrap();
+        let s = TableShape::test_t();
+        let id = app_id("p", "public.t");
+        let table = dir.path().join("latest/public/t");
+        std::fs::create_dir_all(&table).unwrap();
+        let mut previous = None;
+        for seq in 0..10u64 {
+            let name = format!("{seq}.parquet");
+            std::fs::write(table.join(&name), b"x").unwrap();
+            let c = Commit {
+                shape: &s,
+                role: Role::Latest,
+                app_id: &id,
+                seq,
+                adds: vec![DataFile {
+                    path: name,
+                    size: 1,
+                    rows: 1,
+                    date: None,
+                }],
+                removes: previous.iter().cloned().collect(),
+                buckets: 1,
+                info: vec![],
+                txns: vec![],
+            };
+            let p = load(&loc, Role::Latest, "public/t", &id).await.unwrap();
+            commit(&loc, "public/t", p.as_ref(), c).await.unwrap();
+            previous = Some(format!("{seq}.parquet"));
+        }
+        let log = table.join("_delta_log");
+        assert!(log.join("00000000000000000009.checkpoint.parquet").exists());
+        assert!(!log.join("00000000000000000008.checkpoint.parquet").exists());
+        // A file no commit names (a run stopped before its commit).
+        std::fs::write(table.join("orphan.parquet"), b"x").unwrap();
+        // Within the retention nothing goes.
+        let week = Duration::from_secs(7 * 86_400);
+        assert_eq!(
+            vacuum(&loc, Role::Latest, "public/t", week).await.unwrap(),
+            0
+        );
+        // Past it: the nine replaced files and the orphan; the current one stays.
+        let deleted = vacuum(&loc, Role::Latest, "public/t", Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(deleted, 10);
+        assert!(table.join("9.parquet").exists());
+        assert!(!table.join("0.parquet").exists() && !table.join("orphan.parquet").exists());
+        let p = load(&loc, Role::Latest, "public/t", &id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((p.seq, p.files.len()), (Some(9), 1));
+    }
 }
