@@ -93,6 +93,17 @@ fn write_file(path: &Path, shape: &TableShape, ids: &[i64]) -> u64 {
     std::fs::metadata(path).unwrap().len()
 }
 
+/// The Delta location of an archive in the folder `root`.
+fn folder(root: &Path) -> Location {
+    let dest = DestinationConfig::File {
+        path: root.to_path_buf(),
+        prefix: None,
+    };
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(root).unwrap());
+    Location::new(&dest, &store).unwrap()
+}
+
 /// The table as `engine` reads it: (header, rows).
 fn read(engine: &str, table: &Path, version: Option<u64>) -> (Value, Vec<Value>) {
     let python = std::env::var("WT_TEST_DUCKDB_PYTHON")
@@ -140,13 +151,7 @@ fn row(id: i64) -> Value {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replaced_latest_view_is_read_whole_and_as_it_was_by_duckdb_and_deltalake() {
     let dir = tempfile::tempdir().unwrap();
-    let dest = DestinationConfig::File {
-        path: dir.path().to_path_buf(),
-        prefix: None,
-    };
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
-    let loc = Location::new(&dest, &store).unwrap();
+    let loc = folder(dir.path());
     let shape = shape();
     let app = delta::app_id("p", "public.t");
     let table = dir.path().join("latest/public/t");
@@ -214,13 +219,7 @@ async fn a_replaced_latest_view_is_read_whole_and_as_it_was_by_duckdb_and_deltal
 async fn a_history_partitioned_by_date_is_read_with_its_dates_by_duckdb_and_deltalake() {
     use waltail::compact::history::history_schema;
     let dir = tempfile::tempdir().unwrap();
-    let dest = DestinationConfig::File {
-        path: dir.path().to_path_buf(),
-        prefix: None,
-    };
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
-    let loc = Location::new(&dest, &store).unwrap();
+    let loc = folder(dir.path());
     let mut shape = shape();
     shape.columns.truncate(1);
     let app = delta::app_id("p", "public.t");

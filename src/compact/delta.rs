@@ -600,6 +600,17 @@ pub async fn vacuum(loc: &Location, role: Role, dir: &str, retain: Duration) -> 
 mod tests {
     use super::*;
 
+    /// The Delta location of an archive in the folder `root` (a folder's
+    /// tables use a store of their own: the one given is not used).
+    fn folder(root: &std::path::Path) -> Location {
+        let dest = DestinationConfig::File {
+            path: root.to_path_buf(),
+            prefix: None,
+        };
+        let unused: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        Location::new(&dest, &unused).unwrap()
+    }
+
     fn shape() -> TableShape {
         let mut s = TableShape::test_t();
         s.columns.push(Column {
@@ -647,12 +658,7 @@ mod tests {
     #[tokio::test]
     async fn a_commit_is_read_back_with_its_txn_columns_buckets_and_files() {
         let dir = tempfile::tempdir().unwrap();
-        let dest = DestinationConfig::File {
-            path: dir.path().to_path_buf(),
-            prefix: None,
-        };
-        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-        let loc = Location::new(&dest, &store).unwrap();
+        let loc = folder(dir.path());
         let s = shape();
         let id = app_id("p", "public.t");
         assert!(
@@ -740,12 +746,7 @@ mod tests {
     #[tokio::test]
     async fn every_tenth_commit_writes_a_checkpoint_and_vacuum_deletes_what_no_snapshot_needs() {
         let dir = tempfile::tempdir().unwrap();
-        let dest = DestinationConfig::File {
-            path: dir.path().to_path_buf(),
-            prefix: None,
-        };
-        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-        let loc = Location::new(&dest, &store).unwrap();
+        let loc = folder(dir.path());
         let s = TableShape::test_t();
         let id = app_id("p", "public.t");
         let table = dir.path().join("latest/public/t");
