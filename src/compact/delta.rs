@@ -1,20 +1,18 @@
-//! The Delta Lake tables compact publishes: each source table's history
+//! The Delta Lake commit stage of compaction: a source table's history
 //! (`parquet/<schema>/<table>/`, partitioned by `date`) and latest view
-//! (`latest/<schema>/<table>/`) is a Delta table, a `_delta_log/` beside its
-//! data files, so Spark, Trino, Athena, DuckDB and the `deltalake` package
-//! read a whole snapshot without knowing waltail.
+//! (`latest/<schema>/<table>/`) each become a Delta table, a `_delta_log/`
+//! beside its data files, so Spark, Trino, Athena, DuckDB and the
+//! `deltalake` package read a whole snapshot without knowing waltail.
 //!
-//! The log is compact's only commit point. A run commits once per table it
-//! touches (the history first, then the latest view, see `compact::run`),
-//! and each commit carries a `txn` action: the app id of the pipeline and
-//! table, and as version the last seq compacted. What a table holds is read
-//! back from its log: the txn version (where the next run starts), the
-//! schema (the column types a later run must widen; each field records its
-//! waltail kind), the configuration (the latest view's bucket count) and
-//! the files. Nothing else records progress, so nothing can disagree with
-//! the log after a crash: a run that stops before its commit leaves files
-//! no snapshot names (vacuum deletes them), and one that stops after it is
-//! done for that table.
+//! Each commit adds and removes files in one log entry and carries a `txn`
+//! action: the app id of the pipeline and table, and as version the last
+//! seq compacted. Everything a later run needs is read back from the log:
+//! the txn version (where it starts), the schema (the column types it must
+//! widen; each field records its waltail kind), the configuration (the
+//! latest view's bucket count) and the files. So the log can be the one
+//! record of progress: a run that stops before its commit leaves only
+//! files no snapshot names (vacuum deletes them), and a retried commit of
+//! a seq already in the log is recognised by its txn.
 //!
 //! The protocol is the lowest the table needs, so older readers open it:
 //! reader 1 / writer 2, or reader 3 / writer 7 with the `timestampNtz`
