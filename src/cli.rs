@@ -74,10 +74,6 @@ pub enum Command {
         /// Show what would be compacted, write nothing
         #[arg(long)]
         dry_run: bool,
-        /// Take the compaction lock even if another run holds it (only when
-        /// that run is known to have crashed)
-        #[arg(long)]
-        force_unlock: bool,
     },
     /// Run SQL over the archive: `public.orders` is the latest row per key
     /// (compacted view plus the changes archived since), `history.public.orders`
@@ -223,9 +219,11 @@ pub fn main() -> ExitCode {
         // query of 16 Parquet files started 14 of them, each with its own
         // allocator heap to fault in: 40% of the process's time went to
         // the kernel. One per core reads as fast (measured: 10-15% less
-        // wall time, half the system time, the same user time).
+        // wall time, half the system time, the same user time), plus the
+        // threads that reads of Delta logs block (see `LOG_CALLS`).
         builder.max_blocking_threads(
-            std::thread::available_parallelism().map_or(2, std::num::NonZero::get),
+            std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
+                + crate::compact::delta::LOG_CALLS,
         );
     }
     let runtime = match builder.enable_all().build() {
@@ -256,16 +254,8 @@ pub fn main() -> ExitCode {
                 crate::source::backfill::command::backfill(&config, opts, stop).await
             }
             Command::Status { json } => crate::status::status(&config, json).await,
-            Command::Compact {
-                tables,
-                dry_run,
-                force_unlock,
-            } => {
-                let opts = crate::compact::Options {
-                    dry_run,
-                    tables,
-                    force_unlock,
-                };
+            Command::Compact { tables, dry_run } => {
+                let opts = crate::compact::Options { dry_run, tables };
                 crate::compact::command(&config, &opts)
                     .await
                     .map(|()| ExitCode::SUCCESS)

@@ -16,6 +16,7 @@ use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde_json::{Value, json};
+use waltail::compact::delta::{self, Role};
 
 const TABLES_WITH_DOCS: &str = "public.orders,public.customers,public.docs";
 
@@ -67,7 +68,8 @@ const DOCS: Table = Table {
     json_columns: &[],
 };
 
-/// Asserts that DuckDB over `dir/latest/public/<t>/` gives the table's rows.
+/// Asserts that DuckDB's Delta reader over `dir/latest/public/<t>/` gives
+/// the table's rows, and the deltalake package the same.
 async fn assert_latest_equals_source(db: &TestDb, dir: &Path, t: &Table) {
     let pg: Vec<Vec<Value>> = db
         .client
@@ -89,11 +91,12 @@ async fn assert_latest_equals_source(db: &TestDb, dir: &Path, t: &Table) {
                 .clone()
         })
         .collect();
+    let table = dir.join("latest/public").join(t.name);
+    delta_rows_agree(&table);
     let mut parquet = duck(&format!(
-        "SELECT {} FROM read_parquet('{}/latest/public/{}/*.parquet') ORDER BY id",
+        "SELECT {} FROM delta_scan('{}') ORDER BY id",
         t.duck,
-        dir.display(),
-        t.name
+        table.display()
     ));
     for row in &mut parquet {
         for &i in t.json_columns {
@@ -124,8 +127,9 @@ fn numbers_as_f64(row: Vec<Value>) -> Vec<Value> {
         .collect()
 }
 
-/// Asserts that DuckDB over `dir/parquet/public/<t>/` gives each archived
-/// change of the table exactly once: seq, op, key, and `status` / the
+/// Asserts that DuckDB's Delta reader over `dir/parquet/public/<t>/` (and
+/// the deltalake package alike) gives each archived change of the table
+/// exactly once: seq, op, key, and `status` / the
 /// unchanged columns where the table has them.
 fn assert_history_equals_archive(dir: &Path, table: &str, changes: &[Value]) {
     let expected: Vec<Vec<Value>> = changes
@@ -156,9 +160,11 @@ fn assert_history_equals_archive(dir: &Path, table: &str, changes: &[Value]) {
     } else {
         "NULL"
     };
+    let history = dir.join("parquet/public").join(table);
+    delta_rows_agree(&history);
     let got = duck(&format!(
-        "SELECT _seq, _op, _key, {extra} FROM read_parquet('{}/parquet/public/{table}/*/*.parquet', union_by_name = true) ORDER BY _seq",
-        dir.display()
+        "SELECT _seq, _op, _key, {extra} FROM delta_scan('{}') ORDER BY _seq",
+        history.display()
     ));
     assert!(!expected.is_empty(), "no changes of {table}");
     assert_eq!(got, expected, "history of {table} vs the archive");
@@ -317,7 +323,7 @@ async fn compacted_parquet_gives_duckdb_the_tables_and_every_change_across_runs(
     }
     // Typed columns, as the schema records give them.
     let types = duck(&format!(
-        "SELECT typeof(total), typeof(placed_at), typeof(id), typeof(paid) FROM read_parquet('{}/latest/public/orders/*.parquet') LIMIT 1",
+        "SELECT typeof(total), typeof(placed_at), typeof(id), typeof(paid) FROM delta_scan('{}/latest/public/orders') LIMIT 1",
         dir.path().display()
     ));
     assert_eq!(
@@ -329,6 +335,7 @@ async fn compacted_parquet_gives_duckdb_the_tables_and_every_change_across_runs(
             json!("BOOLEAN")
         ]
     );
+    let run1 = read_delta("deltalake", &dir.path().join("latest/public/orders"), None).1;
 
     // Run 2: unchanged TOAST, a truncate, an added column, more of the rest.
     db.exec("UPDATE docs SET n = n + 1 WHERE id <= 2; DELETE FROM docs WHERE id = 3;")
@@ -371,15 +378,19 @@ async fn compacted_parquet_gives_duckdb_the_tables_and_every_change_across_runs(
         assert_latest_equals_source(&db, dir.path(), t).await;
         assert_history_equals_archive(dir.path(), t.name, &changes);
     }
-    // Only the current generation is left in latest/.
-    let latest_files = std::fs::read_dir(dir.path().join("latest/public/orders"))
-        .unwrap()
-        .count();
-    assert_eq!(latest_files, 1);
-    assert!(
-        !dir.path().join("_waltail/compaction/staging").exists(),
-        "staged latest-view files are moved into latest/"
-    );
+    // Time travel: the version before this run's is the view run 1 left.
+    let orders = dir.path().join("latest/public/orders");
+    let (header, _) = read_delta("deltalake", &orders, None);
+    let now = header["version"].as_u64().unwrap();
+    assert!(now >= 1, "{header}");
+    for engine in ["deltalake", "duckdb"] {
+        let (_, before) = read_delta(engine, &orders, Some(now - 1));
+        assert!(
+            before == run1,
+            "{engine}: version {} is not run 1's view",
+            now - 1
+        );
+    }
 
     // Run 3: nothing new, nothing written.
     let before = listing(admin_store().as_ref(), &prefix).await;
@@ -391,21 +402,8 @@ async fn compacted_parquet_gives_duckdb_the_tables_and_every_change_across_runs(
     db.drop_db().await;
 }
 
-/// The manifest as stored, or null.
-async fn manifest(prefix: &str) -> Value {
-    match admin_store()
-        .get(&ObjectPath::from(format!(
-            "{prefix}/_waltail/compaction/manifest.json"
-        )))
-        .await
-    {
-        Ok(got) => serde_json::from_slice(&got.bytes().await.unwrap()).unwrap(),
-        Err(_) => Value::Null,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
-async fn a_compaction_killed_midway_is_completed_by_the_next_run_without_duplicates() {
+async fn a_compaction_killed_before_its_commits_shows_nothing_and_the_next_run_compacts_once() {
     let db = TestDb::new("compactkill").await;
     create_tables(&db).await;
     let pipeline = unique("ck").replace('_', "-");
@@ -441,29 +439,25 @@ async fn a_compaction_killed_midway_is_completed_by_the_next_run_without_duplica
     }
     proxy.set_mode(Mode::Blackhole);
     w.kill9();
-    let interrupted = manifest(&prefix).await;
-    assert!(
-        interrupted["pending"].is_object(),
-        "killed before its commit, the run's plan is pending: {interrupted}"
-    );
-    // What a reader sees meanwhile: complete files, no seq twice, no latest view.
+    // Killed before its commits: history files, and no table a reader sees.
     let dir = tempfile::tempdir().unwrap();
     download(&prefix, dir.path()).await;
-    let partial = duck(&format!(
-        "SELECT count(*), count(DISTINCT _seq) FROM read_parquet('{}/parquet/*/*/*/*.parquet')",
-        dir.path().display()
-    ));
-    assert_eq!(partial[0][0], partial[0][1], "a seq seen twice");
-    assert!(!dir.path().join("latest").exists());
+    assert!(
+        !walk(&dir.path().join("parquet")).is_empty(),
+        "history files were written"
+    );
+    for role in ["parquet", "latest"] {
+        let log = dir.path().join(role).join("public/orders/_delta_log");
+        assert!(!log.exists(), "nothing is committed: {}", log.display());
+    }
 
-    // The next run, with other settings, completes exactly that plan.
+    // The next run, with other settings, compacts everything once: the
+    // killed run's files are in no snapshot.
     proxy.set_mode(Mode::Pass);
     w.set("WALTAIL_DESTINATION_ENDPOINT", &s3.endpoint)
         .set("WALTAIL_COMPACT_FILE_BYTES", "100000000");
     let out = compact(&w, &[]);
-    assert!(out.contains("completed an interrupted run"), "{out}");
-    let done = manifest(&prefix).await;
-    assert!(done["pending"].is_null(), "{done}");
+    assert!(out.contains(&format!("{} changes", changes.len())), "{out}");
     let dir = tempfile::tempdir().unwrap();
     download(&prefix, dir.path()).await;
     for t in [&ORDERS, &CUSTOMERS] {
@@ -650,17 +644,31 @@ async fn compact_in_process(root: &Path, merge_bytes: u64) -> waltail::compact::
         .unwrap()
 }
 
-/// The latest view of public.t as written: id -> [doc, n, _seq], and the
-/// number of files.
-fn read_latest(root: &Path) -> (std::collections::BTreeMap<i64, (Value, Value, u64)>, usize) {
+/// A Delta table of public.t in the archive folder `root`, as committed.
+async fn snapshot(root: &Path, role: Role) -> Option<delta::Published> {
+    let dest = waltail::config::DestinationConfig::File {
+        path: root.to_path_buf(),
+        prefix: None,
+    };
+    let store: std::sync::Arc<dyn ObjectStore> =
+        std::sync::Arc::new(object_store::local::LocalFileSystem::new_with_prefix(root).unwrap());
+    let loc = delta::Location::new(&dest, &store).unwrap();
+    delta::load(&loc, role, "public/t", &delta::app_id("gen", "public.t"))
+        .await
+        .unwrap()
+}
+
+/// The latest view of public.t, the files of its current snapshot read
+/// whole: id -> [doc, n, _seq], and the number of files.
+async fn read_latest(root: &Path) -> (std::collections::BTreeMap<i64, (Value, Value, u64)>, usize) {
     use arrow::array::{Array, AsArray};
     use arrow::datatypes::{Int32Type, Int64Type};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     let mut rows = std::collections::BTreeMap::new();
-    let mut files = 0;
-    for entry in std::fs::read_dir(root.join("latest/public/t")).unwrap() {
-        files += 1;
-        let file = std::fs::File::open(entry.unwrap().path()).unwrap();
+    let table = snapshot(root, Role::Latest).await.expect("a latest view");
+    let files = table.files.len();
+    for f in &table.files {
+        let file = std::fs::File::open(root.join("latest/public/t").join(&f.path)).unwrap();
         for batch in ParquetRecordBatchReaderBuilder::try_new(file)
             .unwrap()
             .build()
@@ -699,12 +707,8 @@ fn read_latest(root: &Path) -> (std::collections::BTreeMap<i64, (Value, Value, u
     (rows, files)
 }
 
-fn manifest_buckets(root: &Path) -> u64 {
-    let m: Value = serde_json::from_slice(
-        &std::fs::read(root.join("_waltail/compaction/manifest.json")).unwrap(),
-    )
-    .unwrap();
-    m["tables"]["public.t"]["buckets"].as_u64().unwrap()
+async fn latest_buckets(root: &Path) -> u32 {
+    snapshot(root, Role::Latest).await.unwrap().buckets
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -738,11 +742,11 @@ async fn merged_bucket_by_bucket_equals_merged_whole(moves_leave_out: bool) {
         write_archive(root, &archive, 1, 2999);
         let s = compact_in_process(root, merge_bytes).await;
         assert_eq!(s.changes, 2999);
-        let (latest, _) = read_latest(root);
+        let (latest, _) = read_latest(root).await;
         assert_eq!(latest, half.expected, "run 1, merge_bytes {merge_bytes}");
     }
-    assert_eq!(manifest_buckets(whole.path()), 1);
-    let first = manifest_buckets(bucketed.path());
+    assert_eq!(latest_buckets(whole.path()).await, 1);
+    let first = latest_buckets(bucketed.path()).await;
     assert!((4..=32).contains(&first), "{first} buckets");
 
     // Run 2: the rest, the truncate included; the bucketed archive's
@@ -750,12 +754,12 @@ async fn merged_bucket_by_bucket_equals_merged_whole(moves_leave_out: bool) {
     for (root, merge_bytes) in [(whole.path(), 1 << 30), (bucketed.path(), 2_000)] {
         write_archive(root, &archive, 3000, 6000);
         compact_in_process(root, merge_bytes).await;
-        let (latest, files) = read_latest(root);
+        let (latest, files) = read_latest(root).await;
         assert_eq!(latest, archive.expected, "run 2, merge_bytes {merge_bytes}");
         assert!(files >= 1);
     }
-    assert_eq!(manifest_buckets(whole.path()), 1);
-    let second = manifest_buckets(bucketed.path());
+    assert_eq!(latest_buckets(whole.path()).await, 1);
+    let second = latest_buckets(bucketed.path()).await;
     assert!(second > 32 && second > first, "{second} buckets");
 }
 
@@ -809,9 +813,61 @@ async fn a_table_that_stops_combining_within_a_round_merges_every_change() {
         .filter(|l| l.contains(r#""op":"update""#) && !l.contains(r#""old":null"#))
         .count();
     assert!(moves > 1_000, "key moves: {moves}");
-    let (latest, _) = read_latest(root.path());
+    let (latest, _) = read_latest(root.path()).await;
     assert_eq!(latest.len(), archive.expected.len());
     assert!(latest == archive.expected, "the latest view differs");
+}
+
+/// A run that stopped after its history's commit and before its latest
+/// view's (simulated by deleting the latest view's last commit) leaves the
+/// two logs at different seqs: the next run redoes the latest view from
+/// its seq, and replaces the history's files from there when it has more
+/// to add (or adds nothing to the history when it has not).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_stopped_between_its_two_commits_is_redone_from_the_latest_view() {
+    let archive = generate_archive(2500, 200, 17, 1500);
+    let root = tempfile::tempdir().unwrap();
+    let root = root.path();
+    let latest_log = root.join("latest/public/t/_delta_log");
+    let history_seqs = async || {
+        duck(&format!(
+            "SELECT count(*), count(DISTINCT _seq), max(_seq) FROM delta_scan('{}/parquet/public/t')",
+            root.display()
+        ))
+    };
+    write_archive(root, &archive, 1, 1000);
+    compact_in_process(root, 64 << 20).await;
+    write_archive(root, &archive, 1001, 2000);
+    compact_in_process(root, 64 << 20).await;
+    std::fs::remove_file(latest_log.join(format!("{:020}.json", 1))).unwrap();
+    assert_eq!(snapshot(root, Role::Latest).await.unwrap().seq, Some(1000));
+    assert_eq!(snapshot(root, Role::History).await.unwrap().seq, Some(2000));
+
+    // Nothing new: the latest view catches up, the history stays.
+    let s = compact_in_process(root, 64 << 20).await;
+    assert_eq!(s.changes, 1000);
+    assert_eq!(snapshot(root, Role::Latest).await.unwrap().seq, Some(2000));
+    assert_eq!(
+        history_seqs().await,
+        [[json!(2000), json!(2000), json!(2000)]]
+    );
+    let mut model = generate_archive(2000, 200, 17, 1500);
+    assert_eq!(read_latest(root).await.0, model.expected);
+
+    // Again, with more to compact: the history's files from seq 1001 are
+    // replaced by the run's.
+    std::fs::remove_file(latest_log.join(format!("{:020}.json", 1))).unwrap();
+    write_archive(root, &archive, 2001, 2500);
+    let s = compact_in_process(root, 64 << 20).await;
+    assert_eq!(s.changes, 1500);
+    assert_eq!(
+        history_seqs().await,
+        [[json!(2500), json!(2500), json!(2500)]]
+    );
+    model = archive;
+    assert_eq!(read_latest(root).await.0, model.expected);
+    let history = snapshot(root, Role::History).await.unwrap();
+    assert_eq!(history.seq, Some(2500));
 }
 
 /// A table without a key (REPLICA IDENTITY NOTHING) gets a history of
@@ -853,8 +909,10 @@ async fn a_table_without_a_key_gets_a_history_and_no_latest_view() {
     assert_eq!((summary.latest_files, summary.latest_rows), (0, 0));
     assert!(!root.path().join("latest").exists());
     let mut seqs = Vec::new();
-    for file in walk(&root.path().join("parquet")) {
-        let file = std::fs::File::open(file).unwrap();
+    let history = snapshot(root.path(), Role::History).await.unwrap();
+    assert_eq!(history.seq, Some(n));
+    for f in &history.files {
+        let file = std::fs::File::open(root.path().join("parquet/public/t").join(&f.path)).unwrap();
         for batch in ParquetRecordBatchReaderBuilder::try_new(file)
             .unwrap()
             .build()
@@ -865,6 +923,7 @@ async fn a_table_without_a_key_gets_a_history_and_no_latest_view() {
             seqs.extend(column.as_primitive::<Int64Type>().values().iter().copied());
         }
     }
+    seqs.sort();
     assert_eq!(seqs, (1..=n as i64).collect::<Vec<_>>());
     // A rerun writes nothing new.
     assert_eq!(compact_in_process(root.path(), 64 << 20).await.changes, 0);
@@ -904,10 +963,6 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-async fn exists(key: &str) -> bool {
-    admin_store().head(&ObjectPath::from(key)).await.is_ok()
-}
-
 /// Waits until `what` holds, polling.
 async fn wait_until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
     let start = Instant::now();
@@ -918,9 +973,9 @@ async fn wait_until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> b
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn of_two_compacts_at_once_one_commits_and_the_other_says_who_runs() {
+async fn of_two_compacts_of_one_table_at_once_one_commits_and_the_other_stops_saying_why() {
     let archive = generate_archive(3000, 300, 11, 1500);
-    let prefix = unique("compactlock");
+    let prefix = unique("compacttwo");
     upload_archive(&prefix, &archive, 1, 3000).await;
     let s3 = s3();
     let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
@@ -929,48 +984,117 @@ async fn of_two_compacts_at_once_one_commits_and_the_other_says_who_runs() {
     slow.s3(&prefix)
         .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url());
     slow.spawn(&["compact"]);
-    let lock = format!("{prefix}/_waltail/compaction/lock.json");
     wait_until(
-        "the slow run holds the lock and its plan is stored",
+        "the slow run has written history",
         Duration::from_secs(60),
-        async || exists(&lock).await && manifest(&prefix).await["pending"].is_object(),
+        async || {
+            !listing(admin_store().as_ref(), &format!("{prefix}/parquet"))
+                .await
+                .is_empty()
+        },
     )
     .await;
-
-    // A second run is refused, and told by whom and what to do.
+    // Hold the slow run's requests while the second one runs: it must not
+    // reach its first commit before the other has committed.
+    proxy.set_mode(Mode::Delay(Duration::from_secs(2)));
+    // No lock: a second run goes ahead and commits first.
     let mut other = Waltail::without_db("gen", "public.t");
     other.s3(&prefix);
     let (status, stdout, stderr) = other.output(&["compact"]);
-    assert_eq!(status.code(), Some(1), "{stdout}{stderr}");
-    assert!(
-        stderr.contains("another compact is running")
-            && stderr.contains(&format!("pid {}", slow.pid()))
-            && stderr.contains("--force-unlock"),
-        "{stderr}"
-    );
-
-    // Forced while the first still runs: it completes the first one's plan
-    // and commits; the first then cannot commit over it.
-    proxy.set_mode(Mode::Delay(Duration::from_millis(300)));
-    let (status, stdout, stderr) = other.output(&["compact", "--force-unlock"]);
     assert!(status.success(), "{stdout}{stderr}");
-    assert!(stdout.contains("completed an interrupted run"), "{stdout}");
     proxy.set_mode(Mode::Pass);
+    // The first then finds the table committed and stops, saying so.
     let status = slow.wait_exit(Duration::from_secs(120));
     assert!(!status.success(), "{}", slow.log());
     assert!(
-        slow.log().contains("changed by another compact"),
+        slow.log().contains("another `waltail compact`"),
         "{}",
         slow.log()
     );
-
     let dir = tempfile::tempdir().unwrap();
     download(&prefix, dir.path()).await;
-    assert_eq!(read_latest(dir.path()).0, archive.expected);
-    assert!(!exists(&lock).await, "the lock is released");
+    assert_eq!(read_latest(dir.path()).await.0, archive.expected);
+    let seqs = duck(&format!(
+        "SELECT count(*), count(DISTINCT _seq), min(_seq), max(_seq) FROM delta_scan('{}/parquet/public/t')",
+        dir.path().display()
+    ));
+    assert_eq!(seqs, [[json!(3000), json!(3000), json!(1), json!(3000)]]);
     let (status, stdout, stderr) = other.output(&["compact"]);
     assert!(status.success(), "{stdout}{stderr}");
     assert!(stdout.contains("nothing new to compact"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn compacts_of_two_tables_at_once_both_commit() {
+    // One archive, two tables: public.t's changes, and every third object
+    // of them again as public.u's (same columns).
+    let archive = generate_archive(3000, 300, 13, 3001);
+    let root = tempfile::tempdir().unwrap();
+    write_archive(root.path(), &archive, 1, 3000);
+    let schemas = root.path().join("_schemas");
+    std::fs::create_dir_all(schemas.join("public.u")).unwrap();
+    let t = std::fs::read_to_string(schemas.join("public.t/1.json")).unwrap();
+    std::fs::write(
+        schemas.join("public.u/1.json"),
+        t.replace("public.t", "public.u"),
+    )
+    .unwrap();
+    let mut u_seqs = 0;
+    for (i, object) in walk(&root.path().join("2026")).into_iter().enumerate() {
+        if i % 3 == 0 {
+            let body = std::fs::read_to_string(&object).unwrap();
+            u_seqs += body.lines().count();
+            std::fs::write(&object, body.replace("\"public.t\"", "\"public.u\"")).unwrap();
+        }
+    }
+    let prefix = unique("compactboth");
+    let store = admin_store();
+    for entry in walk(root.path()) {
+        let key = format!(
+            "{prefix}/{}",
+            entry.strip_prefix(root.path()).unwrap().display()
+        );
+        store
+            .put(
+                &ObjectPath::from(key.as_str()),
+                PutPayload::from(std::fs::read(&entry).unwrap()),
+            )
+            .await
+            .unwrap();
+    }
+    let s3 = s3();
+    let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
+    proxy.set_mode(Mode::Delay(Duration::from_millis(20)));
+    let mut slow = Waltail::without_db("gen", "public.t,public.u");
+    slow.s3(&prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url());
+    slow.spawn(&["compact", "public.t"]);
+    wait_until(
+        "the run on public.t has written history",
+        Duration::from_secs(60),
+        async || {
+            !listing(admin_store().as_ref(), &format!("{prefix}/parquet"))
+                .await
+                .is_empty()
+        },
+    )
+    .await;
+    let mut other = Waltail::without_db("gen", "public.t,public.u");
+    other.s3(&prefix);
+    let (status, stdout, stderr) = other.output(&["compact", "public.u"]);
+    assert!(status.success(), "{stdout}{stderr}");
+    proxy.set_mode(Mode::Pass);
+    let status = slow.wait_exit(Duration::from_secs(120));
+    assert!(status.success(), "{}", slow.log());
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    for (table, n) in [("t", 3000 - u_seqs), ("u", u_seqs)] {
+        let rows = duck(&format!(
+            "SELECT count(*), count(DISTINCT _seq) FROM delta_scan('{}/parquet/public/{table}')",
+            dir.path().display()
+        ));
+        assert_eq!(rows, [[json!(n), json!(n)]], "history of public.{table}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1004,9 +1128,9 @@ async fn a_compact_outlasts_a_store_that_drops_connections_for_seconds() {
     assert!(status.success(), "{}", w.log());
     let dir = tempfile::tempdir().unwrap();
     download(&prefix, dir.path()).await;
-    assert_eq!(read_latest(dir.path()).0, archive.expected);
+    assert_eq!(read_latest(dir.path()).await.0, archive.expected);
     let history = duck(&format!(
-        "SELECT count(*), count(DISTINCT _seq), min(_seq), max(_seq) FROM read_parquet('{}/parquet/*/*/*/*.parquet')",
+        "SELECT count(*), count(DISTINCT _seq), min(_seq), max(_seq) FROM delta_scan('{}/parquet/public/t')",
         dir.path().display()
     ));
     assert_eq!(history, [[json!(3000), json!(3000), json!(1), json!(3000)]]);
@@ -1085,9 +1209,9 @@ async fn a_large_file_goes_to_s3_in_parts_through_connection_resets() {
         tags.iter().any(|t| t.trim_matches('"').ends_with("-2")),
         "no history file went in two parts: {tags:?}"
     );
-    assert_eq!(read_latest(dir.path()).0, archive.expected);
+    assert_eq!(read_latest(dir.path()).await.0, archive.expected);
     let counted = duck(&format!(
-        "SELECT count(*), count(DISTINCT _seq), sum(length(doc)) FROM read_parquet('{}/parquet/*/*/*/*.parquet')",
+        "SELECT count(*), count(DISTINCT _seq), sum(length(doc)) FROM delta_scan('{}/parquet/public/t')",
         dir.path().display()
     ));
     assert_eq!(counted, [[json!(6000), json!(6000), json!(18_000_000)]]);

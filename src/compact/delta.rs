@@ -201,6 +201,7 @@ impl Published {
 
     /// The version of another app id's txn in this snapshot.
     pub async fn app_version(&self, app_id: &str) -> Result<Option<i64>> {
+        let _turn = log_turn().await;
         let state = self
             .table
             .snapshot()
@@ -210,6 +211,24 @@ impl Published {
             .await
             .map_err(|e| delta_error("cannot read the txn of", &self.url, e))
     }
+}
+
+/// How many calls into the Delta log (open, commit, vacuum) run at once.
+/// The log reader blocks a thread of tokio's blocking pool per call while
+/// its reads, on a local folder, need another thread of that pool: a
+/// process whose pool is capped (`waltail query`'s, see `cli`) keeps room
+/// for the reads by allowing no more calls than this beside them.
+pub const LOG_CALLS: usize = 2;
+
+static LOG_PERMITS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LOG_CALLS);
+
+/// A turn at the Delta log (see [`LOG_CALLS`]); never taken while one is
+/// held, so calls cannot wait on each other.
+async fn log_turn() -> tokio::sync::SemaphorePermit<'static> {
+    LOG_PERMITS
+        .acquire()
+        .await
+        .expect("the log semaphore is never closed")
 }
 
 fn delta_error(what: &str, url: &Url, e: DeltaTableError) -> Error {
@@ -227,6 +246,7 @@ pub async fn load(
     app_id: &str,
 ) -> Result<Option<Published>> {
     let url = loc.table_url(role, dir)?;
+    let _turn = log_turn().await;
     let log_store = loc.log_store(&url);
     let exists = log_store
         .is_delta_table_location()
@@ -401,6 +421,7 @@ pub async fn commit(
 ) -> Result<u64> {
     let url = loc.table_url(commit.role, dir)?;
     let schema = schema(commit.shape, commit.role)?;
+    let _turn = log_turn().await;
     let now = chrono::Utc::now().timestamp_millis();
     let mut actions: Vec<Action> = commit
         .adds
@@ -569,6 +590,7 @@ fn timestamp_ntz_protocol(url: &Url) -> Result<deltalake_core::kernel::Protocol>
 /// commit) once they are that old. Returns how many it deleted.
 pub async fn vacuum(loc: &Location, role: Role, dir: &str, retain: Duration) -> Result<usize> {
     let url = loc.table_url(role, dir)?;
+    let _turn = log_turn().await;
     let log_store = loc.log_store(&url);
     if !log_store
         .is_delta_table_location()

@@ -95,9 +95,10 @@ pub fn history_key(
     date: &str,
     first: u64,
     last: u64,
+    run: &str,
 ) -> String {
     format!(
-        "{}/date={date}/{first}-{last}.parquet",
+        "{}/date={date}/{first}-{last}-{run}.parquet",
         table_dir(prefix, "parquet", shape)
     )
 }

@@ -7,13 +7,14 @@
 //! takes the previous version's value for every column it left out
 //! (unchanged TOAST); an update that moves the key drops the old key's row;
 //! a delete drops the row; a truncate drops every row. It then writes a new
-//! generation under new names; the manifest switches to it in one PUT and
-//! the previous generation is deleted after. Readers that want a consistent
-//! view while a run replaces the files read the files the manifest lists.
+//! generation under new names; one commit to the view's Delta log removes
+//! the previous generation's files and adds the new ones, so a reader of
+//! the log sees one generation or the other, never a mix. The removed files
+//! stay for time travel until vacuum deletes them.
 //!
 //! Buckets: a table's keys are split into `n` buckets by the hash of the
 //! key ([`super::spool::bucket_of`], `n` a power of two recorded in the
-//! manifest), and the view is merged and written bucket by bucket (two at
+//! table's Delta configuration), and the view is merged and written bucket by bucket (two at
 //! a time, see `compact::MERGERS`), as files
 //! `<generation>-<bucket>-<part>.parquet`: memory holds the rows of two
 //! buckets, not the table's. `n` grows (doubling) with the table; bucket
@@ -49,8 +50,8 @@ use object_store::ObjectStoreExt;
 use parquet::file::properties::WriterProperties;
 
 use super::columns::{absent_bits, left_out};
+use super::compacted::UNREADABLE_FIX;
 use super::history::{Output, ParquetFile, dictionaries_for, table_dir};
-use super::manifest::Move;
 use super::read::{ChangeOp, TypedChange};
 use super::session::{ARCHIVE_URL, table_url};
 use super::spool::{Role, Spool, bucket_of};
@@ -156,7 +157,7 @@ impl LatestView {
         let df_error = |e: datafusion::error::DataFusionError| {
             Error::fatal(
                 format!("cannot read the latest view of {table}: {e}"),
-                "the files the compaction manifest lists must be readable; if they were removed, delete the manifest with the parquet/ and latest/ folders and compact again",
+                UNREADABLE_FIX,
             )
         };
         // DataFusion lists a missing key as an empty folder: without this
@@ -171,7 +172,7 @@ impl LatestView {
             {
                 return Err(Error::fatal(
                     format!("{key} of the latest view of {table} is missing from the store"),
-                    "the files the compaction manifest lists must be readable; if they were removed, delete the manifest with the parquet/ and latest/ folders and compact again",
+                    UNREADABLE_FIX,
                 ));
             }
         }
@@ -196,7 +197,7 @@ impl LatestView {
                     "the latest view of {} cannot be read: {what}",
                     self.shape.table
                 ),
-                "delete the manifest with the parquet/ and latest/ folders and compact again",
+                UNREADABLE_FIX,
             )
         };
         let cast = |array: &ArrayRef, to: &DataType| {
@@ -425,35 +426,32 @@ impl LatestView {
         })
     }
 
-    /// Writes the view as bucket `bucket` of `target`'s generation into its
-    /// staging folder (which readers of `latest/` do not see), rows ordered
-    /// by key, in files `<generation>-<bucket>-<part>` of about
-    /// `file_bytes` at most; an empty bucket writes no file unless
-    /// `always`. Returns where each file goes once the manifest points at
-    /// it (see [`super::publish`]) and the bytes written.
+    /// Writes the view as bucket `bucket` of `target`'s generation into
+    /// the table's folder, rows ordered by key, in files
+    /// `<generation>-<bucket>-<part>` of about `file_bytes` at most; an
+    /// empty bucket writes no file unless `always`. No snapshot names them
+    /// until the run's commit (see [`super::delta`]). Returns the files
+    /// (key under the prefix, bytes, rows).
     pub async fn write_bucket(
         &self,
         target: &LatestTarget,
         bucket: u32,
         always: bool,
-    ) -> Result<(Vec<Move>, u64)> {
+    ) -> Result<Vec<WrittenFile>> {
         let LatestTarget {
             output,
             prefix,
-            staging,
             generation,
             props,
             file_bytes,
         } = target;
         let (prefix, file_bytes) = (prefix.as_deref(), *file_bytes);
-        let stem = format!("{generation:08}-{bucket:04}");
+        let stem = format!("{generation}-{bucket:04}");
         let schema = latest_schema(&self.shape);
-        let dir = table_dir(prefix, staging, &self.shape);
-        let final_dir = table_dir(prefix, "latest", &self.shape);
+        let dir = table_dir(prefix, "latest", &self.shape);
         let mut rows: Vec<(&CompactString, &Row)> = self.rows.iter().collect();
         rows.sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
         let mut written = Vec::new();
-        let mut bytes = 0;
         let mut file: Option<ParquetFile> = None;
         for chunk in rows.chunks(BATCH_ROWS) {
             let locs: Vec<&Row> = chunk.iter().map(|(_, r)| *r).collect();
@@ -464,8 +462,7 @@ impl LatestView {
             } = self.gather(&locs)?;
             if file.as_ref().is_some_and(|f| f.size() >= file_bytes) {
                 let f = file.take().expect("checked");
-                written.push(f.key.clone());
-                bytes += f.finish().await?;
+                written.push(WrittenFile::finish(f).await?);
             }
             let f = match &mut file {
                 Some(f) => f,
@@ -500,20 +497,25 @@ impl LatestView {
             None => None,
         };
         if let Some(f) = f {
-            written.push(f.key.clone());
-            bytes += f.finish().await?;
+            written.push(WrittenFile::finish(f).await?);
         }
-        let moves = written
-            .into_iter()
-            .map(|from| Move {
-                to: format!(
-                    "{final_dir}/{}",
-                    from.rsplit('/').next().expect("a file name")
-                ),
-                from,
-            })
-            .collect();
-        Ok((moves, bytes))
+        Ok(written)
+    }
+}
+
+/// A Parquet file a run wrote: its key under the prefix, bytes and rows.
+#[derive(Debug, Clone)]
+pub struct WrittenFile {
+    pub key: String,
+    pub bytes: u64,
+    pub rows: u64,
+}
+
+impl WrittenFile {
+    async fn finish(f: ParquetFile) -> Result<WrittenFile> {
+        let (key, rows) = (f.key.clone(), f.rows);
+        let bytes = f.finish().await?;
+        Ok(WrittenFile { key, bytes, rows })
     }
 }
 
@@ -522,9 +524,9 @@ impl LatestView {
 pub struct LatestTarget {
     pub output: Output,
     pub prefix: Option<String>,
-    /// The folder files are written to before they are published.
-    pub staging: String,
-    pub generation: u64,
+    /// Unique to the run (`<last seq>.<run id>`): a run never writes over
+    /// a file a snapshot names, even one another run is committing.
+    pub generation: String,
     pub props: WriterProperties,
     pub file_bytes: u64,
 }
@@ -810,14 +812,13 @@ mod tests {
                 parts: None,
             },
             prefix: None,
-            staging: "staging".into(),
-            generation: 1,
+            generation: "1.run".into(),
             props: super::super::history::writer_properties(&Default::default()),
             file_bytes: 1 << 30,
         };
-        let (moves, _) = v.write_bucket(&target, 0, false).await.unwrap();
-        assert_eq!(moves.len(), 1);
-        let path = object_store::path::Path::from(moves[0].from.as_str());
+        let written = v.write_bucket(&target, 0, false).await.unwrap();
+        assert_eq!(written.len(), 1);
+        let path = object_store::path::Path::from(written[0].key.as_str());
         let bytes = store.get(&path).await.unwrap().bytes().await.unwrap();
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).unwrap();
         let group = reader.metadata().row_group(0);

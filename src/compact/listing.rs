@@ -9,7 +9,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
-use super::manifest::Manifest;
+use super::compacted::TableEntry;
 use super::typing::SchemaRecord;
 use crate::error::Disposition;
 use crate::{Error, Result};
@@ -77,15 +77,15 @@ pub struct Resume {
 }
 
 impl Resume {
-    /// Where every one of `tables` continues, if the manifest knows it for
+    /// Where every one of `tables` continues, if its Delta logs know it for
     /// each: the lowest `next_seq`, with the earliest date.
     pub fn for_tables<'a>(
-        manifest: &Manifest,
+        compacted: &BTreeMap<String, TableEntry>,
         tables: impl IntoIterator<Item = &'a String>,
     ) -> Option<Resume> {
         let mut out: Option<Resume> = None;
         for table in tables {
-            let entry = manifest.tables.get(table)?;
+            let entry = compacted.get(table)?;
             let date = entry.next_date.clone()?;
             out = Some(match out {
                 None => Resume {

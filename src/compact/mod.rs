@@ -1,30 +1,34 @@
-//! `waltail compact`: the NDJSON archive rewritten as typed, partitioned
-//! Parquet that DuckDB, Athena, Spark and Trino read directly: a history of
-//! every change and a latest-row view per table, incrementally and exactly
-//! once.
+//! `waltail compact`: the NDJSON archive rewritten as Delta Lake tables
+//! that Spark, Trino, Athena, DuckDB and polars read: per source table a
+//! history of every change (partitioned by date) and a latest-row view,
+//! incrementally and exactly once.
 //!
 //! The stages, one file each, in the order a run goes through them:
 //!
 //! ```text
-//! listing (archive objects, schema records) --> manifest (plan: what is new,
-//!     grouped into files; stored before anything is written)
+//! compacted (each table's two Delta logs: where it continues, its columns)
+//!     --> listing (archive objects, schema records) --> plan (what is new,
+//!         grouped into files)
 //!     --> read (NDJSON lines -> typed changes, typing: records -> Arrow;
 //!         columns: each object's changes as an Arrow batch per table)
 //!     --> history (Parquet per table and date)  +  latest (merge, new generation)
-//!     --> manifest (commit: one PUT) --> delete the previous generation
+//!     --> delta (per table: the history's commit, then the latest view's)
 //! ```
 //!
-//! See [`manifest`] for why a rerun writes nothing new, why an interrupted
-//! run is completed by the next one under the same names, and why no change
-//! is compacted twice.
+//! Every file a run writes has a name of its own (the run's id is in it),
+//! and nothing is visible until the commit that names it. Each commit
+//! carries the last seq compacted as a Delta `txn` version, and a run
+//! starts from the one its table's logs record: a run stopped at any point
+//! is redone by the next one, and no change is compacted twice (see
+//! [`plan`] and [`delta::commit`]).
 
 pub mod columns;
+pub mod compacted;
 pub mod delta;
 pub mod history;
 pub mod latest;
 pub mod listing;
-pub mod lock;
-pub mod manifest;
+pub mod plan;
 pub mod read;
 mod scan;
 pub mod session;
@@ -38,13 +42,14 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt};
 
+use self::compacted::Compacted;
+use self::delta::{Location, Role};
 use self::history::HistoryFile;
 use self::latest::{MergeInput, merge_bucket};
-use self::lock::Lock;
-use self::manifest::{Manifest, Plan, plan_files};
+use self::plan::{Plan, plan_files};
 use self::typing::TableShape;
 use crate::config::Config;
 use crate::sink::Sink;
@@ -57,8 +62,6 @@ pub struct Options {
     pub dry_run: bool,
     /// `schema.table` names; all tables with schema records when empty.
     pub tables: Vec<String>,
-    /// Take the compaction lock over even when its holder looks alive.
-    pub force_unlock: bool,
 }
 
 /// What a run did.
@@ -93,8 +96,9 @@ pub async fn command(config: &Config, opts: &Options) -> Result<()> {
     Ok(())
 }
 
-/// Compacts what is new in the archive (see the module doc), holding the
-/// archive's compaction lock (see [`lock`]) unless it is a dry run.
+/// Compacts what is new in the archive (see the module doc). Runs on
+/// different tables go on side by side; of two on the same table, the
+/// second to commit stops and says so (see [`delta::commit`]).
 pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
     let started = Instant::now();
     let sink = Sink::with_retry(
@@ -102,55 +106,7 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
         config.delivery.request_timeout,
         store_retry(),
     )?;
-    if opts.dry_run {
-        return run(config, opts, &sink, None, started).await;
-    }
-    // A local folder has no conditional writes, so the lock object alone
-    // cannot keep two runs from both committing (a stale-lock takeover is
-    // delete + create there): an OS lock on a file in the folder does, for
-    // the whole run, and a dead process's is released by the kernel.
-    let _folder_lock = match &config.destination {
-        crate::config::DestinationConfig::File { path, prefix } => {
-            Some(folder_lock(path, prefix.as_deref())?)
-        }
-        crate::config::DestinationConfig::S3(_) => None,
-    };
-    let lock = Lock::acquire(Arc::clone(sink.store()), sink.prefix(), opts.force_unlock).await?;
-    let result = run(config, opts, &sink, Some(&lock), started).await;
-    let released = lock.release().await;
-    let summary = result?;
-    released?;
-    Ok(summary)
-}
-
-/// Holds an exclusive OS lock on `[prefix/]_waltail/compaction/run.lock` in
-/// the archive folder until dropped.
-fn folder_lock(root: &std::path::Path, prefix: Option<&str>) -> Result<std::fs::File> {
-    let dir = match prefix {
-        Some(p) => root.join(p),
-        None => root.to_path_buf(),
-    }
-    .join("_waltail/compaction");
-    let path = dir.join("run.lock");
-    let io = |e| Error::io(format!("cannot lock {}", path.display()), e);
-    std::fs::create_dir_all(&dir).map_err(io)?;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(io)?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(Error::fatal(
-            format!(
-                "another `waltail compact` is running on this folder (it holds {})",
-                path.display()
-            ),
-            "wait for it to finish; the lock goes with its process, so there is nothing to unlock",
-        )),
-        Err(std::fs::TryLockError::Error(e)) => Err(io(e)),
-    }
+    run(config, opts, &sink, started).await
 }
 
 /// How compact's requests are retried: reads and writes of a run that
@@ -174,61 +130,65 @@ pub fn store_retry() -> object_store::RetryConfig {
     }
 }
 
-async fn run(
-    config: &Config,
-    opts: &Options,
-    sink: &Sink,
-    lock: Option<&Lock>,
-    started: Instant,
-) -> Result<Summary> {
+async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> Result<Summary> {
     let store = Arc::clone(sink.store());
     let prefix = sink.prefix();
-    let check_lock = || lock.map_or(Ok(()), Lock::check);
-    let mut manifest = Manifest::load(store.as_ref(), prefix).await?;
-    if !opts.dry_run {
-        // A run that stopped while publishing its latest view: finish that first.
-        publish(store.as_ref(), prefix, &mut manifest).await?;
-    }
+    let loc = Location::new(&config.destination, &store)?;
     let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
+    let selected: Vec<String> = select_tables(&schemas, &opts.tables)?.into_iter().collect();
+    let records = |t: &str| schemas.get(t).map(Vec::as_slice).unwrap_or_default();
+    let newest: Vec<TableShape> = selected
+        .iter()
+        .map(|t| TableShape::from_records(t, records(t)))
+        .collect();
+    // Each table's two logs: where it continues, its columns and files.
+    let compacted: BTreeMap<String, Compacted> = futures::future::try_join_all(
+        newest
+            .iter()
+            .map(|shape| Compacted::load(&loc, &config.pipeline, shape)),
+    )
+    .await?
+    .into_iter()
+    .zip(&selected)
+    .map(|(c, t)| (t.clone(), c))
+    .collect();
+    let entries: BTreeMap<String, compacted::TableEntry> = newest
+        .iter()
+        .map(|shape| {
+            (
+                shape.table.clone(),
+                compacted[&shape.table].entry(shape, prefix),
+            )
+        })
+        .collect();
 
     let mut summary = Summary::default();
-    let plan = match manifest.pending.clone() {
-        Some(plan) => {
-            summary.resumed = true;
-            plan
-        }
-        None => {
-            let tables = select_tables(&schemas, &opts.tables)?;
-            // The whole archive, not only the date folders a query lists:
-            // if the source's clock stepped back, objects newer than the
-            // last compacted one sit in earlier folders, and a run must
-            // find them rather than report nothing new. Listing costs one
-            // request per 1,000 objects, little next to reading them.
-            let objects = listing::list_objects(store.as_ref(), prefix, &config.pipeline).await?;
-            // The earliest seq any selected table still needs.
-            let from = tables
-                .iter()
-                .map(|t| manifest.tables.get(t).map(|e| e.next_seq))
-                .collect::<Option<Vec<u64>>>()
-                .and_then(|starts| starts.into_iter().min());
-            let planned = plan_files(&objects, from, config.compact.file_bytes);
-            summary.gap = planned.gap;
-            let files = planned.files;
-            let (Some(first), Some(last)) = (files.first(), files.last()) else {
-                summary.elapsed = started.elapsed();
-                return Ok(summary);
-            };
-            Plan {
-                generation: manifest.generation + 1,
-                from_seq: first.first_seq,
-                to_seq: last.last_seq,
-                tables: tables.into_iter().collect(),
-                files,
-                repeated: planned.repeated,
-            }
-        }
+    // The whole archive, not only the date folders a query lists: if the
+    // source's clock stepped back, objects newer than the last compacted
+    // one sit in earlier folders, and a run must find them rather than
+    // report nothing new. Listing costs one request per 1,000 objects,
+    // little next to reading them.
+    let objects = listing::list_objects(store.as_ref(), prefix, &config.pipeline).await?;
+    // The earliest seq any selected table still needs.
+    let from = newest
+        .iter()
+        .map(|shape| compacted[&shape.table].next_seq(!shape.key.is_empty()))
+        .collect::<Option<Vec<u64>>>()
+        .and_then(|starts| starts.into_iter().min());
+    let planned = plan_files(&objects, from, config.compact.file_bytes);
+    summary.gap = planned.gap;
+    let (Some(first), Some(last)) = (planned.files.first(), planned.files.last()) else {
+        summary.elapsed = started.elapsed();
+        return Ok(summary);
     };
-    let shapes = shapes(&schemas, &plan.tables, &manifest)?;
+    let plan = Plan {
+        from_seq: first.first_seq,
+        to_seq: last.last_seq,
+        tables: selected.clone(),
+        files: planned.files.clone(),
+        repeated: planned.repeated,
+    };
+    let shapes = shapes(&schemas, &plan.tables, &entries)?;
     summary.seqs = Some((plan.from_seq, plan.to_seq));
     summary.objects = plan.files.iter().map(|f| f.objects.len()).sum();
     summary.bytes_in = plan
@@ -243,11 +203,9 @@ async fn run(
         summary.elapsed = started.elapsed();
         return Ok(summary);
     }
-    if !summary.resumed {
-        manifest.pending = Some(plan.clone());
-        check_lock()?;
-        manifest.commit(store.as_ref(), prefix).await?;
-    }
+    // In every file name: a run never writes over a file that a snapshot
+    // names, or that another run on the same table is about to commit.
+    let run_id = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
 
     let bar = progress_bar(summary.bytes_in);
     let props = history::writer_properties(&config.compact);
@@ -260,8 +218,14 @@ async fn run(
     let shapes = Arc::new(shapes);
     // By table index (see read::Shapes): no lookup by name per change.
     let starts: Arc<[u64]> = (0..shapes.len())
-        .map(|i| table_start(&manifest, &shapes.shape(i).table))
+        .map(|i| {
+            entries
+                .get(&shapes.shape(i).table)
+                .map_or(0, |e| e.next_seq)
+        })
         .collect();
+    // Each table's new history files, as the history's log adds them.
+    let mut history_adds: BTreeMap<String, Vec<delta::DataFile>> = BTreeMap::new();
     let mut objects = read_ahead(&store, &plan, &shapes, &starts);
     for file in &plan.files {
         let mut open: Vec<Option<HistoryFile>> = (0..shapes.len()).map(|_| None).collect();
@@ -301,6 +265,7 @@ async fn run(
                             &file.date,
                             file.first_seq.max(start),
                             file.last_seq,
+                            &run_id,
                         );
                         let props = props.clone();
                         slot.insert(HistoryFile::create(&output, key, Arc::clone(shape), props)?)
@@ -322,13 +287,22 @@ async fn run(
         open.sort_by(|a, b| a.shape.table.cmp(&b.shape.table));
         for hist in open {
             let table = hist.shape.table.clone();
-            let (_, rows, bytes, spooled) = hist.finish(spool.takes_rows(&table)).await?;
+            let dir = history::table_dir(prefix, "parquet", &hist.shape);
+            let (key, rows, bytes, spooled) = hist.finish(spool.takes_rows(&table)).await?;
             for batch in spooled {
                 spool.push_rows(&table, batch).await?;
             }
             summary.history_files += 1;
             summary.history_bytes += bytes;
-            manifest.tables.entry(table).or_default().history_rows += rows;
+            history_adds
+                .entry(table)
+                .or_default()
+                .push(delta::DataFile {
+                    path: relative(&dir, &key)?,
+                    size: bytes,
+                    rows,
+                    date: Some(file.date.clone()),
+                });
         }
     }
     bar.finish_and_clear();
@@ -338,22 +312,21 @@ async fn run(
     let spool = Arc::new(spool);
     tracing::debug!(elapsed = ?started.elapsed(), "spool written");
 
-    // The new latest generation of every table that changed, or that has
-    // no latest view yet, merged bucket by bucket.
+    // The new latest view of every keyed table that changed, or that has
+    // none yet, merged bucket by bucket.
     let target = latest::LatestTarget {
         output: output.clone(),
         prefix: prefix.map(str::to_string),
-        staging: format!("{STAGING}/{:08}", plan.generation),
-        generation: plan.generation,
+        generation: format!("{:020}.{run_id}", plan.to_seq),
         props: props.clone(),
         file_bytes: config.compact.file_bytes,
     };
-    let mut moves = Vec::new();
+    let mut latest_writes: BTreeMap<String, (Vec<latest::WrittenFile>, u32)> = BTreeMap::new();
     for table in &plan.tables {
         let shape = &shapes[table];
-        let entry = manifest.tables.get(table).cloned().unwrap_or_default();
+        let entry = entries.get(table).cloned().unwrap_or_default();
         let spooled = spool.table(table);
-        if shape.key.is_empty() || (spooled.is_none() && !entry.latest.is_empty()) {
+        if shape.key.is_empty() || (spooled.is_none() && compacted[table].latest.is_some()) {
             // No key (REPLICA IDENTITY NOTHING): a history only. Or no change.
             continue;
         }
@@ -376,60 +349,152 @@ async fn run(
             buckets,
             moved: Default::default(),
         });
-        let merged: Vec<Written> = futures::stream::iter(0..buckets)
+        let merged: Vec<Vec<latest::WrittenFile>> = futures::stream::iter(0..buckets)
             .map(|bucket| {
                 let (input, target) = (Arc::clone(&input), target.clone());
                 let task = Task::spawn(async move {
                     let view = merge_bucket(&input, bucket, None).await?;
-                    let (written, bytes) = view.write_bucket(&target, bucket, false).await?;
-                    Ok::<Written, Error>((written, bytes, view.len()))
+                    view.write_bucket(&target, bucket, false).await
                 });
                 async move { task.join("a latest view merge").await? }
             })
             .buffered(mergers)
             .try_collect()
             .await?;
-        let (mut files, mut rows) = (Vec::new(), 0u64);
-        for (written, bytes, len) in merged {
-            rows += len as u64;
-            summary.latest_bytes += bytes;
-            files.extend(written);
-        }
+        let mut files: Vec<latest::WrittenFile> = merged.into_iter().flatten().collect();
         if files.is_empty() {
             // An empty table still gets one file, so readers find its columns.
             let empty = latest::LatestView::empty(Arc::clone(shape));
-            let (written, bytes) = empty.write_bucket(&target, buckets - 1, true).await?;
-            summary.latest_bytes += bytes;
-            files.extend(written);
+            files = empty.write_bucket(&target, buckets - 1, true).await?;
         }
-        let entry = manifest.tables.entry(table.clone()).or_default();
         summary.latest_files += files.len();
-        summary.latest_rows += rows;
-        entry.latest = files.iter().map(|m| m.to.clone()).collect();
-        entry.latest_rows = rows;
-        entry.buckets = buckets;
-        moves.extend(files);
+        summary.latest_rows += files.iter().map(|f| f.rows).sum::<u64>();
+        summary.latest_bytes += files.iter().map(|f| f.bytes).sum::<u64>();
+        latest_writes.insert(table.clone(), (files, buckets));
         tracing::debug!(%table, buckets, elapsed = ?started.elapsed(), "merged the latest view");
     }
     drop(spool);
+
+    // The commits: per table the history, then the latest view (so a
+    // latest view never holds a change its history lacks; a run stopped in
+    // between is redone from the latest view's seq, and the history's files
+    // from there are replaced).
     let last_date = plan.files.last().map(|f| f.date.clone());
+    let commits_started = Instant::now();
     for table in &plan.tables {
-        let entry = manifest.tables.entry(table.clone()).or_default();
-        // Never backwards, whatever an older plan said.
-        if plan.to_seq + 1 >= entry.next_seq {
-            entry.next_seq = plan.to_seq + 1;
-            entry.next_date = last_date.clone();
+        let shape = &shapes[table];
+        let c = &compacted[table];
+        let app = delta::app_id(&config.pipeline, table);
+        let dir = compacted::table_folder(shape);
+        let start = entries.get(table).map_or(0, |e| e.next_seq);
+        let info = || {
+            vec![
+                (
+                    "waltail.pipeline".to_string(),
+                    config.pipeline.clone().into(),
+                ),
+                (
+                    "waltail.fromSeq".to_string(),
+                    start.max(plan.from_seq).into(),
+                ),
+                ("waltail.run".to_string(), run_id.clone().into()),
+            ]
+        };
+        let history_done = c.history.as_ref().and_then(|h| h.seq).unwrap_or(0);
+        if c.history.is_none() || history_done < plan.to_seq {
+            // Files of a run stopped before its latest commit: replaced.
+            let removes = match &c.history {
+                Some(h) if h.seq.is_some_and(|s| s >= start) => h
+                    .files
+                    .iter()
+                    .filter(|f| compacted::history_first_seq(&f.path).is_some_and(|s| s >= start))
+                    .map(|f| f.path.clone())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let txns = last_date
+                .as_deref()
+                .and_then(compacted::date_number)
+                .map(|d| vec![(compacted::date_app_id(&app), d)])
+                .unwrap_or_default();
+            delta::commit(
+                &loc,
+                &dir,
+                c.history.as_ref(),
+                delta::Commit {
+                    shape,
+                    role: Role::History,
+                    app_id: &app,
+                    seq: plan.to_seq,
+                    adds: history_adds.remove(table).unwrap_or_default(),
+                    removes,
+                    buckets: 1,
+                    info: info(),
+                    txns,
+                },
+            )
+            .await?;
         }
-        entry.columns = shapes[table].columns.clone();
+        if shape.key.is_empty() {
+            continue;
+        }
+        let (adds, removes, buckets) = match latest_writes.remove(table) {
+            Some((files, buckets)) => {
+                let latest_dir = history::table_dir(prefix, "latest", shape);
+                let adds = files
+                    .iter()
+                    .map(|f| {
+                        Ok(delta::DataFile {
+                            path: relative(&latest_dir, &f.key)?,
+                            size: f.bytes,
+                            rows: f.rows,
+                            date: None,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let removes = c
+                    .latest
+                    .as_ref()
+                    .map(|l| l.files.iter().map(|f| f.path.clone()).collect())
+                    .unwrap_or_default();
+                (adds, removes, buckets)
+            }
+            // No change: the commit only moves the txn on.
+            None => (
+                Vec::new(),
+                Vec::new(),
+                c.latest.as_ref().map_or(1, |l| l.buckets),
+            ),
+        };
+        delta::commit(
+            &loc,
+            &dir,
+            c.latest.as_ref(),
+            delta::Commit {
+                shape,
+                role: Role::Latest,
+                app_id: &app,
+                seq: plan.to_seq,
+                adds,
+                removes,
+                buckets,
+                info: info(),
+                txns: Vec::new(),
+            },
+        )
+        .await?;
     }
-    manifest.generation = plan.generation;
-    manifest.pending = None;
-    manifest.publish = moves;
-    check_lock()?;
-    manifest.commit(store.as_ref(), prefix).await?;
-    publish(store.as_ref(), prefix, &mut manifest).await?;
+    tracing::debug!(elapsed = ?commits_started.elapsed(), "committed the Delta tables");
     summary.elapsed = started.elapsed();
     Ok(summary)
+}
+
+/// `key` relative to the table folder `dir` (both under the prefix).
+fn relative(dir: &str, key: &str) -> Result<String> {
+    key.strip_prefix(dir)
+        .and_then(|k| k.strip_prefix('/'))
+        .map(str::to_string)
+        .ok_or_else(|| Error::bug(format!("{key} is not in {dir}")))
 }
 
 /// A spawned task that is aborted when its handle is dropped: when a run
@@ -456,9 +521,6 @@ impl<T> Drop for Task<T> {
         self.0.abort();
     }
 }
-
-/// A written bucket of a latest view: its files, bytes and rows.
-type Written = (Vec<manifest::Move>, u64, usize);
 
 /// Buckets of a latest view merged at once.
 const MERGERS: usize = 2;
@@ -642,7 +704,7 @@ const MAX_BUCKETS: u32 = 1 << 16;
 /// ones plus every upsert of the run, at the upserts' average size), a
 /// power of two, and never fewer than before.
 fn bucket_count(
-    entry: &manifest::TableEntry,
+    entry: &compacted::TableEntry,
     spooled: Option<&spool::TableSpool>,
     merge_bytes: u64,
 ) -> u32 {
@@ -654,82 +716,6 @@ fn bucket_count(
         .div_ceil(merge_bytes.max(1))
         .clamp(1, MAX_BUCKETS as u64) as u32;
     wanted.next_power_of_two().max(entry.bucket_count())
-}
-
-/// Where a run writes its latest-view files before they are published.
-const STAGING: &str = "_waltail/compaction/staging";
-
-/// Moves the committed generation's latest-view files from staging into
-/// `latest/`, then deletes every other file there (the previous generation,
-/// or what a run stopped before its commit left) and the staged copies.
-/// Copy before delete: for the moment in between a reader globbing
-/// `latest/` may see both generations, never none. Idempotent, so a run
-/// stopped half-way through is finished by the next one.
-async fn publish(
-    store: &dyn ObjectStore,
-    prefix: Option<&str>,
-    manifest: &mut Manifest,
-) -> Result<()> {
-    if manifest.publish.is_empty() {
-        return Ok(());
-    }
-    for m in &manifest.publish {
-        let (from, to) = (
-            ObjectPath::from(m.from.as_str()),
-            ObjectPath::from(m.to.as_str()),
-        );
-        match store.copy(&from, &to).await {
-            Ok(()) => {}
-            // Moved by a run that stopped before recording it.
-            Err(object_store::Error::NotFound { .. }) if store.head(&to).await.is_ok() => {}
-            Err(e) => return Err(Error::store("COPY", m.from.clone(), e)),
-        }
-    }
-    let current: BTreeSet<&str> = manifest
-        .tables
-        .values()
-        .flat_map(|e| e.latest.iter().map(String::as_str))
-        .collect();
-    let dirs: BTreeSet<&str> = manifest
-        .publish
-        .iter()
-        .filter_map(|m| m.to.rsplit_once('/').map(|(dir, _)| dir))
-        .collect();
-    let mut stale = Vec::new();
-    for dir in dirs {
-        let dir = ObjectPath::from(dir);
-        let metas: Vec<_> = store
-            .list(Some(&dir))
-            .try_collect()
-            .await
-            .map_err(|e| Error::store("LIST", dir.to_string(), e))?;
-        stale.extend(
-            metas
-                .into_iter()
-                .map(|m| m.location)
-                .filter(|p| !current.contains(p.as_ref())),
-        );
-    }
-    stale.extend(
-        manifest
-            .publish
-            .iter()
-            .map(|m| ObjectPath::from(m.from.as_str())),
-    );
-    for path in stale {
-        match store.delete(&path).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(Error::store("DELETE", path.to_string(), e)),
-        }
-    }
-    manifest.publish.clear();
-    manifest.commit(store, prefix).await
-}
-
-/// The first seq `table` still needs (0 when it was never compacted). While
-/// a run is pending the manifest's entries are still the previous run's.
-fn table_start(manifest: &Manifest, table: &str) -> u64 {
-    manifest.tables.get(table).map_or(0, |e| e.next_seq)
 }
 
 /// The tables a run compacts: the named ones (each must have a schema
@@ -773,13 +759,13 @@ fn select_tables(
 fn shapes(
     schemas: &BTreeMap<String, Vec<typing::SchemaRecord>>,
     tables: &[String],
-    manifest: &Manifest,
+    compacted: &BTreeMap<String, compacted::TableEntry>,
 ) -> Result<read::Shapes> {
     let mut out = Vec::new();
     for table in tables {
         let records = schemas.get(table).map(Vec::as_slice).unwrap_or_default();
         let shape = TableShape::from_records(table, records);
-        if let Some(entry) = manifest.tables.get(table) {
+        if let Some(entry) = compacted.get(table) {
             for before in &entry.columns {
                 let now = shape.columns.iter().find(|c| c.name == before.name);
                 let ok = now.is_some_and(|c| before.kind.widen(c.kind) == Some(c.kind));
@@ -792,7 +778,7 @@ fn shapes(
                             before.kind.describe()
                         ),
                         format!(
-                            "compact the table again with the new type: delete parquet/{0}/ and latest/{0}/ (with the '.' as '/'), remove \"{table}\" from the tables of _waltail/compaction/manifest.json, and run `waltail compact {table}`",
+                            "compact the table again with the new type: delete parquet/{0}/ and latest/{0}/ (with the '.' as '/'; their Delta logs go with them) and run `waltail compact {table}`",
                             table.replacen('.', "/", 1)
                         ),
                     ));
@@ -892,17 +878,18 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
 mod tests {
     use super::typing::{Column, Kind, RecordColumn, SchemaRecord};
     use super::*;
+    use object_store::ObjectStoreExt;
 
     /// Small objects are fetched and parsed together, in plan order, up to
     /// a mebibyte a group; an object larger than that is a group alone.
     #[test]
     fn small_objects_are_grouped_in_order_and_a_large_one_stands_alone() {
-        let object = |key: &str, size: u64| manifest::PlannedObject {
+        let object = |key: &str, size: u64| plan::PlannedObject {
             key: key.into(),
             size,
             from_seq: 0,
         };
-        let file = |objects| manifest::PlannedFile {
+        let file = |objects| plan::PlannedFile {
             date: "2026-11-30".into(),
             first_seq: 1,
             last_seq: 1,
@@ -910,7 +897,6 @@ mod tests {
         };
         let half = GROUP_BYTES / 2;
         let plan = Plan {
-            generation: 1,
             from_seq: 1,
             to_seq: 1,
             tables: Vec::new(),
@@ -961,18 +947,17 @@ mod tests {
                 .put(&ObjectPath::from(key.as_str()), body.into())
                 .await
                 .unwrap();
-            objects.push(manifest::PlannedObject {
+            objects.push(plan::PlannedObject {
                 key,
                 size,
                 from_seq: 0,
             });
         }
-        let plan = |objects: Vec<manifest::PlannedObject>| Plan {
-            generation: 1,
+        let plan = |objects: Vec<plan::PlannedObject>| Plan {
             from_seq: 1,
             to_seq: seq,
             tables: vec!["public.t".into()],
-            files: vec![manifest::PlannedFile {
+            files: vec![plan::PlannedFile {
                 date: "2026-11-30".into(),
                 first_seq: 1,
                 last_seq: seq,
@@ -1025,19 +1010,6 @@ mod tests {
         assert!(reader.recv().await.is_none());
     }
 
-    #[test]
-    fn one_run_at_a_time_holds_a_folder_and_lets_go_when_it_ends() {
-        let dir = tempfile::tempdir().unwrap();
-        let first = folder_lock(dir.path(), Some("p")).unwrap();
-        assert!(dir.path().join("p/_waltail/compaction/run.lock").exists());
-        let e = folder_lock(dir.path(), Some("p")).unwrap_err().to_string();
-        assert!(e.contains("another `waltail compact` is running"), "{e}");
-        // Another prefix is another archive.
-        drop(folder_lock(dir.path(), None).unwrap());
-        drop(first);
-        folder_lock(dir.path(), Some("p")).unwrap();
-    }
-
     fn record(version: u32, columns: &[(&str, u32, bool)]) -> SchemaRecord {
         SchemaRecord {
             table: "public.t".into(),
@@ -1056,11 +1028,11 @@ mod tests {
         }
     }
 
-    fn compacted(kind: Kind) -> Manifest {
-        let mut m = Manifest::default();
-        m.tables.insert(
+    fn compacted(kind: Kind) -> BTreeMap<String, compacted::TableEntry> {
+        let mut m = BTreeMap::new();
+        m.insert(
             "public.t".into(),
-            manifest::TableEntry {
+            compacted::TableEntry {
                 columns: vec![Column {
                     name: "v".into(),
                     kind,

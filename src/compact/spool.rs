@@ -135,7 +135,7 @@ fn combining_may_pay(seen: u64, combined: u64, round: u64) -> bool {
 }
 
 /// The hash that places a key in a bucket. Stable across runs, versions and
-/// machines (the manifest's bucket count depends on it): FNV-1a over the
+/// machines (the bucket count a latest view's log records depends on it): FNV-1a over the
 /// key's JSON text, then murmur3's finaliser so the low bits depend on every
 /// byte.
 pub fn key_hash(key: &str) -> u64 {

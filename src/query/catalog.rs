@@ -1,9 +1,10 @@
 //! What a query can see: one snapshot of the archive taken when the query
-//! starts (its NDJSON objects, the compaction manifest, the tables' shapes),
+//! starts (its NDJSON objects, the tables' Delta snapshots, their shapes),
 //! and the point `--at` puts it at.
 //!
 //! A snapshot is consistent with itself: the compacted files are the ones
-//! the manifest lists (or, for the history, the ones below its `next_seq`),
+//! the Delta snapshots list (for the history, those below the next seq the
+//! latest view's log records),
 //! and the NDJSON read over them starts at that same `next_seq`, so a change
 //! is in exactly one of the two even while a compaction runs.
 
@@ -11,12 +12,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
+use crate::compact::compacted;
+use crate::compact::compacted::TableEntry;
+use crate::compact::delta::Location;
 use crate::compact::listing::{self, Resume};
-use crate::compact::manifest::Manifest;
 use crate::compact::typing::TableShape;
 use crate::{Error, Result};
 
@@ -68,7 +70,9 @@ impl std::str::FromStr for At {
 pub struct Archive {
     pub store: Arc<dyn ObjectStore>,
     pub prefix: Option<String>,
-    pub manifest: Manifest,
+    /// Each compacted table as its Delta logs have it (see
+    /// [`compacted::entries`]): one snapshot per log, read once.
+    pub compacted: BTreeMap<String, TableEntry>,
     /// Every table with a schema record, by `schema.table`.
     pub shapes: BTreeMap<String, Arc<TableShape>>,
     /// Every NDJSON object, once listed (see [`Archive::every_object`]).
@@ -86,18 +90,12 @@ impl Archive {
     /// Takes a snapshot of the archive, placed at `at`.
     pub async fn load(
         store: Arc<dyn ObjectStore>,
+        loc: &Location,
         prefix: Option<&str>,
         pipeline: &str,
         at: Option<&At>,
     ) -> Result<Archive> {
-        let ((manifest, waited), mut schemas) = tokio::try_join!(
-            stable_manifest(store.as_ref(), prefix),
-            listing::load_schemas(store.as_ref(), prefix)
-        )?;
-        if waited {
-            // The manifest read last is newer than these records may be.
-            schemas = listing::load_schemas(store.as_ref(), prefix).await?;
-        }
+        let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
         let shapes: BTreeMap<String, Arc<TableShape>> = schemas
             .iter()
             .map(|(table, records)| {
@@ -107,11 +105,15 @@ impl Archive {
                 )
             })
             .collect();
+        // The logs are read after the schema records: a table's compacted
+        // columns are among the records the run read.
+        let compacted =
+            compacted::entries(loc, pipeline, prefix, shapes.values().map(|s| s.as_ref())).await?;
         // A time is placed among every object's write time; otherwise the
         // tables' tails need the objects from where compaction stopped.
         let resume = match at {
             Some(At::Time(_)) => None,
-            _ => Resume::for_tables(&manifest, shapes.keys()),
+            _ => Resume::for_tables(&compacted, shapes.keys()),
         };
         let objects = list(store.as_ref(), prefix, pipeline, resume.as_ref()).await?;
         let every = tokio::sync::OnceCell::new();
@@ -126,7 +128,7 @@ impl Archive {
         Ok(Archive {
             store,
             prefix: prefix.map(str::to_string),
-            manifest,
+            compacted,
             shapes,
             objects,
             every,
@@ -157,8 +159,7 @@ impl Archive {
     pub fn end_seq(&self) -> u64 {
         let listed = self.objects.iter().map(|o| o.last_seq).max().unwrap_or(0);
         let compacted = self
-            .manifest
-            .tables
+            .compacted
             .values()
             .map(|e| e.next_seq.saturating_sub(1))
             .max()
@@ -168,48 +169,41 @@ impl Archive {
 
     /// The first seq of `table` not in its compacted files (0: none are).
     pub fn next_seq(&self, table: &str) -> u64 {
-        self.manifest.tables.get(table).map_or(0, |e| e.next_seq)
+        self.compacted.get(table).map_or(0, |e| e.next_seq)
     }
 
     /// The compacted latest-view files of `table`, keys in the store.
     pub fn latest_files(&self, table: &str) -> &[String] {
-        self.manifest
-            .tables
+        self.compacted
             .get(table)
             .map(|e| e.latest.as_slice())
             .unwrap_or_default()
     }
 
-    /// Fails when a `compact` committed during the query and the latest
-    /// files of this snapshot are gone: the statement may have listed a
-    /// deleted file as empty (see [`stable_manifest`]) and missed rows. One
-    /// HEAD of the manifest when nothing changed.
+    /// The compacted history files of `table` below its `next_seq`, keys
+    /// in the store.
+    pub fn history_files(&self, table: &str) -> &[String] {
+        self.compacted
+            .get(table)
+            .map(|e| e.history.as_slice())
+            .unwrap_or_default()
+    }
+
+    /// After a statement failed: whether files of this snapshot are gone,
+    /// which a vacuum past `compact.retain` does (replaced files stay that
+    /// long, so a query shorter than the retention never sees it); if so,
+    /// an error that says so and to run the query again.
     pub async fn verify_unchanged(&self) -> Result<()> {
-        let path = Manifest::path(self.prefix.as_deref());
-        let now = match self.store.head(&path).await {
-            Ok(meta) => meta.e_tag,
-            Err(object_store::Error::NotFound { .. }) => None,
-            Err(e) => {
-                return Err(Error::fatal(
-                    format!("cannot read the compaction manifest {path}: {e}"),
-                    "check the destination's credentials and network, then run the query again",
-                ));
-            }
-        };
-        let then = self.manifest.version.as_ref().and_then(|v| v.e_tag.clone());
-        if now == then {
-            return Ok(());
-        }
-        for entry in self.manifest.tables.values() {
-            for file in &entry.latest {
+        for entry in self.compacted.values() {
+            for file in entry.latest.iter().chain(&entry.history) {
                 if let Err(object_store::Error::NotFound { .. }) =
                     self.store.head(&ObjectPath::from(file.as_str())).await
                 {
                     return Err(Error::fatal(
                         format!(
-                            "`waltail compact` replaced the latest view while this query ran ({file} is gone), so the answer above may lack compacted rows"
+                            "`waltail compact` vacuumed files of the snapshot this query read ({file} is gone), so the answer may lack compacted rows"
                         ),
-                        "run the query again",
+                        "run the query again; keep compact.retain longer than your queries take",
                     ));
                 }
             }
@@ -220,60 +214,6 @@ impl Archive {
     /// `[prefix/]key`.
     pub fn under(&self, key: &str) -> String {
         listing::under(self.prefix.as_deref(), key)
-    }
-}
-
-/// How often a manifest naming a missing file is read again (a `compact`
-/// publishing its files), a second apart, before the query gives up.
-const MANIFEST_TRIES: u32 = 10;
-
-/// The manifest, once every latest-view file it names is in the store. A
-/// missing file would otherwise read as an empty one (DataFusion lists a
-/// missing key as an empty folder) and the compacted rows would silently
-/// vanish from the answer: while `compact` publishes a generation, the
-/// manifest may name files still being moved into place.
-/// Also says whether it had to read the manifest again.
-async fn stable_manifest(
-    store: &dyn ObjectStore,
-    prefix: Option<&str>,
-) -> Result<(Manifest, bool)> {
-    let mut tries = 0;
-    loop {
-        let manifest = Manifest::load(store, prefix).await?;
-        // One HEAD per file, several at a time; the first missing one in
-        // the manifest's order is reported.
-        let files = manifest.tables.values().flat_map(|e| &e.latest);
-        let found: Vec<(&String, bool)> = futures::stream::iter(files)
-            .map(|file| async move {
-                match store.head(&ObjectPath::from(file.as_str())).await {
-                    Ok(_) => Ok((file, true)),
-                    Err(object_store::Error::NotFound { .. }) => Ok((file, false)),
-                    Err(e) => Err(Error::fatal(
-                        format!("cannot read {file} of the compacted latest view: {e}"),
-                        "check the destination's credentials and network, then run the query again",
-                    )),
-                }
-            })
-            .buffered(listing::REQUESTS_AT_ONCE)
-            .try_collect()
-            .await?;
-        let missing = found
-            .into_iter()
-            .find(|(_, there)| !there)
-            .map(|(f, _)| f.clone());
-        let Some(file) = missing else {
-            return Ok((manifest, tries > 0));
-        };
-        tries += 1;
-        if tries >= MANIFEST_TRIES {
-            return Err(Error::fatal(
-                format!("the compaction manifest names {file}, which is not in the store"),
-                "a `waltail compact` is publishing its files or was interrupted; \
-                 run `waltail compact` to complete it, then query again",
-            ));
-        }
-        tracing::info!(%file, "a compacted file is not in place yet; reading the manifest again");
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
 }
 

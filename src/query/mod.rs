@@ -34,6 +34,7 @@ use datafusion::sql::sqlparser::dialect::GenericDialect;
 
 use self::catalog::{Archive, At};
 use self::output::{Format, Written};
+use crate::compact::delta::Location;
 use crate::compact::session::ARCHIVE_URL;
 use crate::config::Config;
 use crate::sink::Sink;
@@ -89,6 +90,7 @@ fn read_stdin() -> Result<String> {
 /// What every statement of one invocation shares.
 struct Query {
     sink: Sink,
+    loc: Location,
     pipeline: String,
     at: Option<At>,
     format: Format,
@@ -96,13 +98,15 @@ struct Query {
 
 impl Query {
     fn new(config: &Config, at: Option<At>, format: Format) -> Result<Query> {
+        // Reads retried like compact's: a reset connection does not fail the query.
+        let sink = Sink::with_retry(
+            &config.destination,
+            config.delivery.request_timeout,
+            crate::compact::store_retry(),
+        )?;
         Ok(Query {
-            // Reads retried like compact's: a reset connection does not fail the query.
-            sink: Sink::with_retry(
-                &config.destination,
-                config.delivery.request_timeout,
-                crate::compact::store_retry(),
-            )?,
+            loc: Location::new(&config.destination, sink.store())?,
+            sink,
             pipeline: config.pipeline.clone(),
             at,
             format,
@@ -113,6 +117,7 @@ impl Query {
     async fn session(&self) -> Result<(SessionContext, Arc<Archive>)> {
         let archive = Archive::load(
             Arc::clone(self.sink.store()),
+            &self.loc,
             self.sink.prefix(),
             &self.pipeline,
             self.at.as_ref(),
@@ -172,10 +177,10 @@ impl Query {
         drop(out);
         match ran {
             Ok(true) => Ok(()),
-            Ok(false) => archive.verify_unchanged().await,
-            // A file that vanished mid-statement is most likely a compact
-            // replacing the latest view: say so, and to run it again,
-            // rather than show the store's "not found".
+            Ok(false) => Ok(()),
+            // A file that vanished mid-statement is most likely a vacuum:
+            // say so, and to run it again, rather than show the store's
+            // "not found".
             Err(e) => {
                 archive.verify_unchanged().await?;
                 Err(e)

@@ -1,7 +1,7 @@
 //! The tables a query names, built from one [`Archive`] snapshot:
 //!
 //! - `<schema>.<table>`: the latest row per key. The compacted latest view
-//!   (the files the manifest lists) with the changes not compacted yet
+//!   (the files its Delta snapshot lists) with the changes not compacted yet
 //!   applied over it ([`Overlay`]): the compacted rows of the keys those
 //!   changes touch are filtered out and the overlay's rows added. Memory:
 //!   the keys the uncompacted changes touch. With `--at` before the
@@ -9,7 +9,7 @@
 //!   instead (memory: the rows live at that point).
 //! - `history.<schema>.<table>`: every version, the compacted Parquet
 //!   history (Hive-partitioned by `date`, which DataFusion prunes on) below
-//!   the manifest's `next_seq`, and the NDJSON tail from it, typed alike.
+//!   the next seq its Delta log records, and the NDJSON tail from it, typed alike.
 //! - `waltail.changes`: the envelopes of every NDJSON object.
 //!
 //! Tables are built when a statement first names them (the schema providers
@@ -44,7 +44,8 @@ use serde_json::{Map, Value};
 use super::catalog::Archive;
 use super::merge::{Overlay, overlay_schema};
 use super::tail::{Bounds, TailKind, TailTable, typed_changes};
-use crate::compact::history::{history_schema, table_dir};
+use crate::compact::compacted::{UNREADABLE_FIX, history_first_seq};
+use crate::compact::history::history_schema;
 use crate::compact::latest::latest_schema;
 use crate::compact::listing;
 use crate::compact::read::{self, TypedChange, key_json};
@@ -165,7 +166,7 @@ impl SchemaProvider for ArchiveSchema {
 fn df(e: DataFusionError) -> Error {
     Error::fatal(
         format!("cannot read the compacted files: {e}"),
-        "the files the compaction manifest lists must be readable; run `waltail compact` again, or delete the manifest with the parquet/ and latest/ folders and compact again",
+        UNREADABLE_FIX,
     )
 }
 
@@ -195,6 +196,39 @@ fn parquet_table(
     Ok(Arc::new(ListingTable::try_new(config)?))
 }
 
+/// The compacted history: the snapshot's files, each date's as one scan
+/// with the date as a column (the files do not hold it: Delta keeps
+/// partition values in the log), unioned; `None` without files. Only the
+/// files the snapshot names: a folder also holds the log's checkpoints,
+/// replaced files until vacuum, and files of runs that did not commit.
+fn compacted_history(files: &[String], shape: &TableShape) -> DfResult<Option<LogicalPlanBuilder>> {
+    let mut by_date: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for key in files {
+        let date = key
+            .split('/')
+            .find_map(|p| p.strip_prefix("date="))
+            .unwrap_or_default();
+        by_date.entry(date).or_default().push(table_url(key));
+    }
+    let schema = history_schema(shape);
+    let mut plan: Option<LogicalPlanBuilder> = None;
+    for (date, urls) in by_date {
+        let scan = LogicalPlanBuilder::scan(
+            "compacted",
+            provider_as_source(parquet_table(urls, Arc::clone(&schema), false)?),
+            None,
+        )?;
+        let mut columns: Vec<Expr> = schema.fields().iter().map(|f| ident(f.name())).collect();
+        columns.push(datafusion::prelude::cast(lit(date), DataType::Date32).alias("date"));
+        let scan = scan.project(columns)?;
+        plan = Some(match plan {
+            None => scan,
+            Some(p) => p.union(scan.build()?)?,
+        });
+    }
+    Ok(plan)
+}
+
 /// `history.<schema>.<table>`: the compacted history below `next_seq` and
 /// the NDJSON from it, up to `--at`.
 fn history_table(
@@ -211,19 +245,13 @@ fn history_table(
     );
     let build = || -> DfResult<Arc<dyn TableProvider>> {
         let tail = LogicalPlanBuilder::scan("tail", provider_as_source(Arc::new(tail)), None)?;
-        let mut plan = if next > 0 {
-            let dir = format!(
-                "{}/",
-                table_dir(archive.prefix.as_deref(), "parquet", shape)
-            );
-            let compacted = parquet_table(vec![table_url(&dir)], history_schema(shape), true)?;
-            // Files of a compaction still running hold seqs from `next`:
-            // those are read from the NDJSON.
-            LogicalPlanBuilder::scan("compacted", provider_as_source(compacted), None)?
+        let mut plan = match compacted_history(archive.history_files(&shape.table), shape)? {
+            // The files of the history's snapshot hold the seqs below `next`
+            // (see `compacted::Compacted::entry`); the NDJSON the rest.
+            Some(compacted) => compacted
                 .filter(ident("_seq").lt(lit(next as i64)))?
-                .union(tail.build()?)?
-        } else {
-            tail
+                .union(tail.build()?)?,
+            None => tail,
         };
         if let Some(n) = archive.max_seq {
             plan = plan.filter(ident("_seq").lt_eq(lit(n.min(i64::MAX as u64) as i64)))?;
@@ -456,21 +484,13 @@ async fn replay_history(
     overlay: &mut Overlay,
 ) -> Result<()> {
     let next = archive.next_seq(&shape.table);
-    let dir = ObjectPath::from(table_dir(archive.prefix.as_deref(), "parquet", shape));
-    let metas: Vec<_> = archive
-        .store
-        .list(Some(&dir))
-        .try_collect()
-        .await
-        .map_err(|e| Error::store("LIST", dir.to_string(), e))?;
-    // `.../date=D/<first>-<last>.parquet`
-    let mut files: Vec<(u64, String)> = metas
-        .into_iter()
-        .filter_map(|m| {
-            let key = m.location.to_string();
-            let name = key.rsplit('/').next()?.strip_suffix(".parquet")?;
-            let first: u64 = name.split_once('-')?.0.parse().ok()?;
-            (first <= n && first < next).then_some((first, key))
+    // `.../date=D/<first>-<last>-<run>.parquet`, as the snapshot names them.
+    let mut files: Vec<(u64, String)> = archive
+        .history_files(&shape.table)
+        .iter()
+        .filter_map(|key| {
+            let first = history_first_seq(key)?;
+            (first <= n && first < next).then(|| (first, key.clone()))
         })
         .collect();
     files.sort();

@@ -755,12 +755,18 @@ pub fn duckdb_python() -> String {
 }
 
 /// Runs one DuckDB query; its rows as JSON arrays (decimals as strings).
+/// DuckDB's Delta extension is loaded (offline, from its PyPI wheel; see
+/// scripts/duckdb.sh), so the query can read a table with `delta_scan`.
 pub fn duck(sql: &str) -> Vec<Vec<Value>> {
     let out = Command::new(duckdb_python())
         .args([
             "-c",
             "import duckdb, json, sys\n\
-             rows = duckdb.sql(sys.argv[1]).fetchall()\n\
+             from importlib.metadata import files\n\
+             ext = [f.locate() for f in files('duckdb-ext-delta') if f.name == 'delta.duckdb_extension'][0]\n\
+             con = duckdb.connect(config={'autoinstall_known_extensions': False, 'autoload_known_extensions': False})\n\
+             con.execute(\"LOAD '%s'\" % ext)\n\
+             rows = con.sql(sys.argv[1]).fetchall()\n\
              print(json.dumps([list(r) for r in rows], default=str))",
             sql,
         ])
@@ -777,6 +783,48 @@ pub fn duck(sql: &str) -> Vec<Vec<Value>> {
         .iter()
         .map(|r| r.as_array().unwrap().clone())
         .collect()
+}
+
+/// A Delta table as `engine` (`duckdb` or `deltalake`, see
+/// tests/readers/delta.py) reads it, at `version` or its newest: the header
+/// (version, columns, protocol) and the rows, sorted.
+pub fn read_delta(engine: &str, table: &Path, version: Option<u64>) -> (Value, Vec<Value>) {
+    let mut cmd = Command::new(duckdb_python());
+    cmd.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/readers/delta.py"
+    ))
+    .arg(engine)
+    .arg(table);
+    if let Some(v) = version {
+        cmd.arg("--version").arg(v.to_string());
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{engine} cannot read {}: {}",
+        table.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap());
+    let header = lines.next().unwrap();
+    (header, lines.collect())
+}
+
+/// Asserts that DuckDB and the deltalake package read the Delta table at
+/// `table` alike; returns the rows.
+pub fn delta_rows_agree(table: &Path) -> Vec<Value> {
+    let (_, duck) = read_delta("duckdb", table, None);
+    let (_, deltalake) = read_delta("deltalake", table, None);
+    assert!(
+        duck == deltalake,
+        "DuckDB and deltalake read {} differently",
+        table.display()
+    );
+    deltalake
 }
 
 /// Copies every object under `prefix` into `dir` (keys relative to the

@@ -1,0 +1,204 @@
+//! What is compacted of each source table, read from its two Delta logs
+//! (see [`super::delta`]): where the next run starts, the columns as
+//! written, the latest view's files and buckets, the history's files. The
+//! logs are the only record; this is their reading for a run and a query.
+
+use std::collections::BTreeMap;
+
+use super::delta::{self, Location, Published, Role};
+use super::history::table_dir;
+use super::typing::{Column, TableShape};
+use crate::Result;
+
+/// What to do when a file a table's log lists cannot be read.
+pub const UNREADABLE_FIX: &str = "the files a table's Delta log lists must stay in the store: restore them (from the store's versioning or a backup), or delete the table's folders under parquet/ and latest/ to compact it again from the archive";
+
+/// One compacted table, as a run or a query needs it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TableEntry {
+    /// Every change of the table with a lower seq is compacted.
+    pub next_seq: u64,
+    /// The date folder (`YYYY-MM-DD`) of the last object compacted, so
+    /// that readers list only the date folders from there on (see
+    /// [`super::listing::list_archive`]).
+    pub next_date: Option<String>,
+    /// The columns as written, in order, with their types: a later run
+    /// checks that its types widen these.
+    pub columns: Vec<Column>,
+    /// The latest view's files (keys under the prefix): the snapshot's.
+    pub latest: Vec<String>,
+    /// Rows in the latest view.
+    pub latest_rows: u64,
+    /// Buckets the latest view is split into by key hash (a power of two;
+    /// 0 before the first run, meaning 1). Only grows, so a later run finds
+    /// each bucket's previous rows in one bucket's files.
+    pub buckets: u32,
+    /// Changes in the history.
+    pub history_rows: u64,
+    /// The history's files (keys under the prefix) below `next_seq`.
+    pub history: Vec<String>,
+}
+
+impl TableEntry {
+    /// The latest view's bucket count (at least 1).
+    pub fn bucket_count(&self) -> u32 {
+        self.buckets.max(1)
+    }
+}
+
+/// A source table's history and latest view, as committed.
+#[derive(Debug, Default)]
+pub struct Compacted {
+    pub history: Option<Published>,
+    pub latest: Option<Published>,
+    /// The date folder of the last object compacted (see [`date_app_id`]).
+    pub next_date: Option<String>,
+}
+
+/// The app id of the txn that records, beside the seq, the date folder
+/// (`YYYYMMDD` as its version) of the last object a run compacted: a query
+/// lists the archive from there (see `listing::Resume`). In the same commit
+/// as the seq, so the two never disagree.
+pub fn date_app_id(app_id: &str) -> String {
+    format!("{app_id}:date")
+}
+
+/// `YYYY-MM-DD` as the number `YYYYMMDD`, and back.
+pub fn date_number(date: &str) -> Option<i64> {
+    let digits: String = date.chars().filter(char::is_ascii_digit).collect();
+    (digits.len() == 8).then(|| digits.parse().ok()).flatten()
+}
+
+fn number_date(n: i64) -> String {
+    format!("{:04}-{:02}-{:02}", n / 10_000, n / 100 % 100, n % 100)
+}
+
+/// The folder of a table under `parquet/` or `latest/`: `<schema>/<table>`.
+pub fn table_folder(shape: &TableShape) -> String {
+    let root = table_dir(None, "", shape);
+    root.trim_start_matches('/').to_string()
+}
+
+impl Compacted {
+    /// Reads both logs of `shape`'s table.
+    pub async fn load(loc: &Location, pipeline: &str, shape: &TableShape) -> Result<Compacted> {
+        let app = delta::app_id(pipeline, &shape.table);
+        let dir = table_folder(shape);
+        let (history, latest) = tokio::try_join!(
+            delta::load(loc, Role::History, &dir, &app),
+            delta::load(loc, Role::Latest, &dir, &app)
+        )?;
+        let next_date = match &history {
+            Some(h) => h.app_version(&date_app_id(&app)).await?.map(number_date),
+            None => None,
+        };
+        Ok(Compacted {
+            history,
+            latest,
+            next_date,
+        })
+    }
+
+    /// Every change of the table with a lower seq is in its latest view
+    /// (its history when it has no key), so a run starts there: the latest
+    /// view is committed after the history, and a run stopped between the
+    /// two is redone from the latest view's seq (see `compact::run`).
+    pub fn next_seq(&self, keyed: bool) -> Option<u64> {
+        let done = if keyed {
+            self.latest.as_ref()?.seq?
+        } else {
+            self.history.as_ref()?.seq?
+        };
+        Some(done + 1)
+    }
+
+    /// The table as a run or query needs it, keys under `prefix`.
+    pub fn entry(&self, shape: &TableShape, prefix: Option<&str>) -> TableEntry {
+        let keyed = !shape.key.is_empty();
+        let next_seq = self.next_seq(keyed).unwrap_or(0);
+        let keys = |role: Role, p: &Published| -> Vec<String> {
+            let dir = table_dir(prefix, role.root(), shape);
+            p.files
+                .iter()
+                .map(|f| format!("{dir}/{}", f.path))
+                .collect()
+        };
+        let history_files: Vec<String> = self
+            .history
+            .as_ref()
+            .map(|h| {
+                // Files a run stopped between its two commits left in the
+                // history are read from the NDJSON again until the next run
+                // replaces them (see `compact::run`).
+                h.files
+                    .iter()
+                    .filter(|f| history_first_seq(&f.path).is_none_or(|first| first < next_seq))
+                    .map(|f| format!("{}/{}", table_dir(prefix, "parquet", shape), f.path))
+                    .collect()
+            })
+            .unwrap_or_default();
+        TableEntry {
+            next_seq,
+            next_date: self.next_date.clone(),
+            columns: self
+                .history
+                .as_ref()
+                .map(|h| h.columns.clone())
+                .unwrap_or_default(),
+            latest: self
+                .latest
+                .as_ref()
+                .map(|l| keys(Role::Latest, l))
+                .unwrap_or_default(),
+            latest_rows: self.latest.as_ref().map_or(0, Published::rows),
+            buckets: self.latest.as_ref().map_or(0, |l| l.buckets),
+            history_rows: self.history.as_ref().map_or(0, Published::rows),
+            history: history_files,
+        }
+    }
+}
+
+/// The first seq a history file holds, from its name
+/// (`<first>-<last>[-<run>].parquet`).
+pub fn history_first_seq(path: &str) -> Option<u64> {
+    let name = path.rsplit('/').next()?.strip_suffix(".parquet")?;
+    name.split('-').next()?.parse().ok()
+}
+
+/// Every table of `shapes` that has been compacted, as [`Compacted::entry`]
+/// gives it.
+pub async fn entries<'a>(
+    loc: &Location,
+    pipeline: &str,
+    prefix: Option<&str>,
+    shapes: impl IntoIterator<Item = &'a TableShape>,
+) -> Result<BTreeMap<String, TableEntry>> {
+    let loads = shapes.into_iter().map(|shape| async move {
+        let c = Compacted::load(loc, pipeline, shape).await?;
+        Ok::<_, crate::Error>((shape, c))
+    });
+    let loaded = futures::future::try_join_all(loads).await?;
+    Ok(loaded
+        .into_iter()
+        .filter(|(_, c)| c.history.is_some() || c.latest.is_some())
+        .map(|(shape, c)| (shape.table.clone(), c.entry(shape, prefix)))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_round_trip_through_txn_versions() {
+        assert_eq!(date_number("2026-12-02"), Some(20261202));
+        assert_eq!(number_date(20261202), "2026-12-02");
+        assert_eq!(date_number("2026-1-2"), None);
+        assert_eq!(
+            history_first_seq("date=2026-12-02/15-90-ab12cd34.parquet"),
+            Some(15)
+        );
+        assert_eq!(history_first_seq("date=2026-12-02/15-90.parquet"), Some(15));
+        assert_eq!(table_folder(&TableShape::test_t()), "public/t");
+    }
+}
