@@ -74,6 +74,11 @@ pub enum Command {
         /// Show what would be compacted, write nothing
         #[arg(long)]
         dry_run: bool,
+        /// Compact nothing; delete the files that no snapshot younger than
+        /// compact.retain needs, and files no commit names that are older than
+        /// a day (or compact.retain, if longer)
+        #[arg(long, conflicts_with = "dry_run")]
+        vacuum: bool,
     },
     /// Run SQL over the archive: `public.orders` is the latest row per key
     /// (compacted view plus the changes archived since), `history.public.orders`
@@ -254,8 +259,16 @@ pub fn main() -> ExitCode {
                 crate::source::backfill::command::backfill(&config, opts, stop).await
             }
             Command::Status { json } => crate::status::status(&config, json).await,
-            Command::Compact { tables, dry_run } => {
-                let opts = crate::compact::Options { dry_run, tables };
+            Command::Compact {
+                tables,
+                dry_run,
+                vacuum,
+            } => {
+                let opts = crate::compact::Options {
+                    dry_run,
+                    tables,
+                    vacuum,
+                };
                 crate::compact::command(&config, &opts)
                     .await
                     .map(|()| ExitCode::SUCCESS)

@@ -62,6 +62,9 @@ pub const DEFAULT_COMPACT_COMPRESSION: &str = "zstd";
 /// Rows per Parquet row group: the unit engines skip by statistics and the
 /// writer buffers before encoding, so it bounds compact's memory per table.
 pub const DEFAULT_COMPACT_ROW_GROUP_ROWS: usize = 131_072;
+/// How long `compact` keeps the files a commit replaced: Delta's own
+/// vacuum default, so `VERSION AS OF` reaches a week back.
+pub const DEFAULT_COMPACT_RETAIN: Duration = Duration::from_secs(7 * 86_400);
 /// NDJSON bytes compacted into one Parquet file at most (256 MiB): large
 /// enough that engines open few files, small enough to rewrite cheaply.
 pub const DEFAULT_COMPACT_FILE_BYTES: u64 = 256 << 20;
@@ -120,6 +123,12 @@ pub struct CompactConfig {
     /// `compact.merge_bytes`: the estimated memory of one bucket of a
     /// latest view being merged.
     pub merge_bytes: u64,
+    /// `compact.retain`: how long files a commit replaced stay, so time
+    /// travel reaches the snapshots of that period.
+    pub retain: Duration,
+    /// `compact.vacuum`: whether a run deletes, at its end, the replaced
+    /// files of the tables it committed to that are past `retain`.
+    pub vacuum: bool,
 }
 
 impl Default for CompactConfig {
@@ -130,6 +139,8 @@ impl Default for CompactConfig {
             row_group_rows: DEFAULT_COMPACT_ROW_GROUP_ROWS,
             file_bytes: DEFAULT_COMPACT_FILE_BYTES,
             merge_bytes: DEFAULT_COMPACT_MERGE_BYTES,
+            retain: DEFAULT_COMPACT_RETAIN,
+            vacuum: true,
         }
     }
 }
@@ -400,6 +411,8 @@ struct RawCompact {
     row_group_rows: Option<i64>,
     file_bytes: Option<i64>,
     merge_bytes: Option<i64>,
+    retain: Option<String>,
+    vacuum: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -491,6 +504,8 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("compact", "row_group_rows", Kind::Int),
     ("compact", "file_bytes", Kind::Int),
     ("compact", "merge_bytes", Kind::Int),
+    ("compact", "retain", Kind::Str),
+    ("compact", "vacuum", Kind::Bool),
 ];
 
 /// `WALTAIL_*` variables that are not configuration keys.
@@ -973,7 +988,17 @@ fn compact(c: RawCompact) -> Result<CompactConfig> {
             )));
         }
     };
+    let retain = match c.retain.as_deref() {
+        None => DEFAULT_COMPACT_RETAIN,
+        Some(s) => humantime::parse_duration(s).map_err(|e| {
+            Error::config(format!(
+                "compact.retain: {s:?} is not a duration ({e}); write e.g. \"7d\", \"36h\", \"0s\""
+            ))
+        })?,
+    };
     Ok(CompactConfig {
+        retain,
+        vacuum: c.vacuum.unwrap_or(true),
         compression,
         compression_level,
         row_group_rows: positive(

@@ -1216,3 +1216,115 @@ async fn a_large_file_goes_to_s3_in_parts_through_connection_resets() {
     ));
     assert_eq!(counted, [[json!(6000), json!(6000), json!(18_000_000)]]);
 }
+
+/// A latest view as `engine` reads it at `version` (the newest: `None`):
+/// id -> (doc, n, _seq), as [`GeneratedArchive::expected`] holds it.
+fn latest_by_reader(
+    engine: &str,
+    root: &Path,
+    version: Option<u64>,
+) -> std::collections::BTreeMap<i64, (Value, Value, u64)> {
+    let (header, rows) = read_delta(engine, &root.join("latest/public/t"), version);
+    let at = |name: &str| {
+        header["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|c| c == name)
+            .unwrap()
+    };
+    let (id, doc, n, seq) = (at("id"), at("doc"), at("n"), at("_seq"));
+    rows.iter()
+        .map(|r| {
+            let seq = r[seq].as_u64().unwrap();
+            (r[id].as_i64().unwrap(), (r[doc].clone(), r[n].clone(), seq))
+        })
+        .collect()
+}
+
+/// Files a commit replaced stay while `compact.retain` covers them, so
+/// every reader travels back to the view a run replaced; past it, the
+/// vacuum at the end of a run deletes them, and `compact --vacuum` also
+/// deletes the files a killed run left that no commit names.
+#[tokio::test(flavor = "multi_thread")]
+async fn replaced_files_stay_for_time_travel_until_retain_passes_then_vacuum_deletes_them() {
+    let archive = generate_archive(1500, 150, 23, 1200);
+    let mut w = Waltail::without_db("gen", "public.t");
+    let root = w.dir.path().join("archive");
+    w.set("WALTAIL_DESTINATION_TYPE", "file")
+        .set("WALTAIL_DESTINATION_PATH", root.to_str().unwrap());
+    let latest = root.join("latest/public/t");
+    let data_files = || -> Vec<PathBuf> {
+        walk(&latest)
+            .into_iter()
+            .filter(|p| {
+                p.extension().is_some_and(|e| e == "parquet")
+                    && !p.to_string_lossy().contains("_delta_log")
+            })
+            .collect()
+    };
+    write_archive(&root, &archive, 1, 500);
+    compact(&w, &[]);
+    let first_view = generate_archive(500, 150, 23, 1200).expected;
+    write_archive(&root, &archive, 501, 1000);
+    let out = compact(&w, &[]);
+    assert!(!out.contains("vacuumed"), "within retain: {out}");
+    // Version 0 is the first run's view, in both readers; the newest is the second's.
+    for engine in ["duckdb", "deltalake"] {
+        assert_eq!(
+            latest_by_reader(engine, &root, Some(0)),
+            first_view,
+            "{engine}"
+        );
+    }
+    let second_view = generate_archive(1000, 150, 23, 1200).expected;
+    assert_eq!(latest_by_reader("duckdb", &root, None), second_view);
+    // A file of a run killed before its commit, written two days ago.
+    let orphan = latest.join("00000000000000000999.deadbeef-0000-0000.parquet");
+    std::fs::copy(&data_files()[0], &orphan).unwrap();
+    let two_days_ago = std::time::SystemTime::now() - Duration::from_secs(2 * 86_400);
+    std::fs::File::options()
+        .write(true)
+        .open(&orphan)
+        .unwrap()
+        .set_modified(two_days_ago)
+        .unwrap();
+
+    // Past retain, a run's vacuum deletes the files its commits and the
+    // earlier ones replaced; it leaves the orphan (a run may still be writing).
+    w.set("WALTAIL_COMPACT_RETAIN", "0s");
+    write_archive(&root, &archive, 1001, 1500);
+    let out = compact(&w, &[]);
+    assert!(out.contains("vacuumed"), "{out}");
+    assert!(orphan.exists());
+    assert_eq!(latest_by_reader("deltalake", &root, None), archive.expected);
+    let current = snapshot(&root, Role::Latest).await.unwrap().files.len();
+    assert_eq!(
+        data_files().len(),
+        current + 1,
+        "the current files and the orphan"
+    );
+
+    // `--vacuum` deletes the orphan, a day old; the current view is whole.
+    let (status, stdout, stderr) = w.output(&["compact", "--vacuum"]);
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stdout.starts_with("vacuumed 1 files of 1 tables"),
+        "{stdout}"
+    );
+    assert!(!orphan.exists());
+    assert_eq!(data_files().len(), current);
+    let rows = delta_rows_agree(&latest);
+    assert_eq!(rows.len(), archive.expected.len());
+    assert_eq!(latest_by_reader("duckdb", &root, None), archive.expected);
+    // Nothing is left to delete; a bad retain is refused saying how to write one.
+    let (_, stdout, _) = w.output(&["compact", "--vacuum"]);
+    assert!(stdout.starts_with("vacuumed 0 files"), "{stdout}");
+    w.set("WALTAIL_COMPACT_RETAIN", "a week");
+    let (status, _, stderr) = w.output(&["compact"]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("compact.retain") && stderr.contains("\"7d\""),
+        "{stderr}"
+    );
+}

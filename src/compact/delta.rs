@@ -21,7 +21,7 @@
 //! [`CHECKPOINT_INTERVAL`] commits, so opening a table reads one Parquet file
 //! and at most that many JSON commits whatever its age.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +35,7 @@ use deltalake_core::operations::create::CreateBuilder;
 use deltalake_core::operations::vacuum::VacuumMode;
 use deltalake_core::protocol::{DeltaOperation, OutputMode, SaveMode};
 use deltalake_core::{DeltaTable, DeltaTableError};
+use futures::TryStreamExt;
 use object_store::ObjectStore;
 use url::Url;
 
@@ -584,11 +585,23 @@ fn timestamp_ntz_protocol(url: &Url) -> Result<deltalake_core::kernel::Protocol>
     .map_err(|e| Error::bug(format!("the timestampNtz protocol of {url}: {e}")))
 }
 
-/// Deletes the files of the table at `dir` that no snapshot younger than
-/// `retain` needs: replaced files once `retain` has passed since their
-/// removal, and files no commit names (a run that stopped before its
-/// commit) once they are that old. Returns how many it deleted.
-pub async fn vacuum(loc: &Location, role: Role, dir: &str, retain: Duration) -> Result<usize> {
+/// What a vacuum deletes.
+#[derive(Debug, Clone, Copy)]
+pub struct Vacuum {
+    /// Files a commit replaced, once this long has passed since: the
+    /// snapshots time travel reaches are those younger than this.
+    pub replaced_after: Duration,
+    /// Files no commit names (written by a run that stopped before its
+    /// commit), once they are this old; `None` leaves them. Only files
+    /// older than any run can be: a run still writing has files that no
+    /// commit names yet.
+    pub unnamed_after: Option<Duration>,
+}
+
+/// Deletes what `what` says of the table at `dir`, and returns how many
+/// files it deleted. A vacuum that deletes files records itself in the log
+/// (Delta's VACUUM START and END commits, which change no data).
+pub async fn vacuum(loc: &Location, role: Role, dir: &str, what: Vacuum) -> Result<usize> {
     let url = loc.table_url(role, dir)?;
     let _turn = log_turn().await;
     let log_store = loc.log_store(&url);
@@ -604,16 +617,68 @@ pub async fn vacuum(loc: &Location, role: Role, dir: &str, retain: Duration) -> 
         .load()
         .await
         .map_err(|e| delta_error("cannot open", &url, e))?;
-    let retention = chrono::Duration::from_std(retain)
-        .map_err(|e| Error::config(format!("compact.retain {retain:?}: {e}")))?;
-    let (_, metrics) = table
-        .vacuum()
-        .with_retention_period(retention)
-        .with_enforce_retention_duration(false)
-        .with_mode(VacuumMode::Full)
-        .await
-        .map_err(|e| delta_error("cannot vacuum", &url, e))?;
-    Ok(metrics.files_deleted.len())
+    let retention = |d: Duration| {
+        chrono::Duration::from_std(d)
+            .map_err(|e| Error::config(format!("compact.retain {d:?}: {e}")))
+    };
+    let mut deleted = 0;
+    // The table's files, listed once if a pass has candidates.
+    let mut stored: Option<HashSet<String>> = None;
+    // Full lists the table's folder for files no commit names; Lite reads
+    // only the log's removes, so it is safe at any retention.
+    let passes = what
+        .unnamed_after
+        .map(|after| (VacuumMode::Full, after.max(what.replaced_after)))
+        .into_iter()
+        .chain([(VacuumMode::Lite, what.replaced_after)]);
+    for (mode, after) in passes {
+        let period = retention(after)?;
+        let vacuum = |table: DeltaTable| {
+            table
+                .vacuum()
+                .with_retention_period(period)
+                .with_enforce_retention_duration(false)
+                .with_mode(mode.clone())
+        };
+        // The log keeps a removed file's tombstone (for readers of older
+        // versions) after vacuum deleted the file: without this dry run
+        // every later vacuum would "delete" it again, with two commits.
+        let (_, planned) = vacuum(table.clone())
+            .with_dry_run(true)
+            .await
+            .map_err(|e| delta_error("cannot vacuum", &url, e))?;
+        if planned.files_deleted.is_empty() {
+            continue;
+        }
+        if stored.is_none() {
+            let listed: Vec<object_store::ObjectMeta> = table
+                .log_store()
+                .object_store(None)
+                .list(None)
+                .try_collect()
+                .await
+                .map_err(|e| Error::store("LIST", url.to_string(), e))?;
+            stored = Some(listed.into_iter().map(|m| m.location.to_string()).collect());
+        }
+        let stored = stored.as_mut().expect("listed above");
+        let present: Vec<&String> = planned
+            .files_deleted
+            .iter()
+            .filter(|f| stored.contains(*f))
+            .collect();
+        if present.is_empty() {
+            continue;
+        }
+        deleted += present.len();
+        for f in &planned.files_deleted {
+            stored.remove(f);
+        }
+        let (vacuumed, _) = vacuum(table)
+            .await
+            .map_err(|e| delta_error("cannot vacuum", &url, e))?;
+        table = vacuumed;
+    }
+    Ok(deleted)
 }
 
 #[cfg(test)]
@@ -802,15 +867,36 @@ mod tests {
         std::fs::write(table.join("orphan.parquet"), b"x").unwrap();
         // Within the retention nothing goes.
         let week = Duration::from_secs(7 * 86_400);
+        let all = |after| Vacuum {
+            replaced_after: after,
+            unnamed_after: Some(after),
+        };
         assert_eq!(
-            vacuum(&loc, Role::Latest, "public/t", week).await.unwrap(),
+            vacuum(&loc, Role::Latest, "public/t", all(week))
+                .await
+                .unwrap(),
             0
         );
-        // Past it: the nine replaced files and the orphan; the current one stays.
-        let deleted = vacuum(&loc, Role::Latest, "public/t", Duration::ZERO)
+        // Past it, the replaced files go (once: a second vacuum finds
+        // their tombstones, not the files); files no commit names stay
+        // until they are as old as `unnamed_after` says.
+        let replaced = Vacuum {
+            replaced_after: Duration::ZERO,
+            unnamed_after: Some(week),
+        };
+        let deleted = vacuum(&loc, Role::Latest, "public/t", replaced)
             .await
             .unwrap();
-        assert_eq!(deleted, 10);
+        assert_eq!(deleted, 9);
+        assert!(table.join("orphan.parquet").exists());
+        let again = vacuum(&loc, Role::Latest, "public/t", replaced)
+            .await
+            .unwrap();
+        assert_eq!(again, 0);
+        let deleted = vacuum(&loc, Role::Latest, "public/t", all(Duration::ZERO))
+            .await
+            .unwrap();
+        assert_eq!(deleted, 1);
         assert!(table.join("9.parquet").exists());
         assert!(!table.join("0.parquet").exists() && !table.join("orphan.parquet").exists());
         let p = load(&loc, Role::Latest, "public/t", &id)

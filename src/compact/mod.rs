@@ -62,13 +62,18 @@ pub struct Options {
     pub dry_run: bool,
     /// `schema.table` names; all tables with schema records when empty.
     pub tables: Vec<String>,
+    /// Only vacuum the tables (see [`vacuum_tables`]), compact nothing.
+    pub vacuum: bool,
 }
+
+/// How old a file that no commit names must be before `--vacuum` deletes
+/// it: older than any run still writing can be (a run writes its files
+/// before it commits them).
+pub const UNNAMED_AFTER: Duration = Duration::from_secs(86_400);
 
 /// What a run did.
 #[derive(Debug, Clone, Default)]
 pub struct Summary {
-    /// Whether the run completed an interrupted one.
-    pub resumed: bool,
     pub objects: usize,
     pub bytes_in: u64,
     pub seqs: Option<(u64, u64)>,
@@ -84,6 +89,8 @@ pub struct Summary {
     pub latest_rows: u64,
     pub latest_bytes: u64,
     pub tables: BTreeSet<String>,
+    /// Files vacuum deleted (see [`vacuum_tables`]).
+    pub vacuumed: usize,
     /// The first seq not in the archive when a gap stopped the run.
     pub gap: Option<u64>,
     pub elapsed: Duration,
@@ -92,7 +99,17 @@ pub struct Summary {
 /// Runs `waltail compact` and prints its plan (dry run) or its summary.
 pub async fn command(config: &Config, opts: &Options) -> Result<()> {
     let summary = compact(config, opts).await?;
-    print!("{}", render(&summary, opts.dry_run));
+    if opts.vacuum {
+        println!(
+            "vacuumed {} files of {} tables: replaced more than {} ago, or named by no commit and older than {}",
+            summary.vacuumed,
+            summary.tables.len(),
+            humantime::format_duration(config.compact.retain),
+            humantime::format_duration(config.compact.retain.max(UNNAMED_AFTER)),
+        );
+    } else {
+        print!("{}", render(&summary, opts.dry_run));
+    }
     Ok(())
 }
 
@@ -141,6 +158,19 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
         .iter()
         .map(|t| TableShape::from_records(t, records(t)))
         .collect();
+    if opts.vacuum {
+        let what = delta::Vacuum {
+            replaced_after: config.compact.retain,
+            unnamed_after: Some(UNNAMED_AFTER),
+        };
+        let summary = Summary {
+            vacuumed: vacuum_tables(&loc, &newest, what).await?,
+            tables: selected.into_iter().collect(),
+            elapsed: started.elapsed(),
+            ..Summary::default()
+        };
+        return Ok(summary);
+    }
     // Each table's two logs: where it continues, its columns and files.
     let compacted: BTreeMap<String, Compacted> = futures::future::try_join_all(
         newest
@@ -485,8 +515,41 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
         .await?;
     }
     tracing::debug!(elapsed = ?commits_started.elapsed(), "committed the Delta tables");
+    if config.compact.vacuum {
+        let committed: Vec<TableShape> = plan
+            .tables
+            .iter()
+            .map(|t| shapes[t].as_ref().clone())
+            .collect();
+        let what = delta::Vacuum {
+            replaced_after: config.compact.retain,
+            unnamed_after: None,
+        };
+        summary.vacuumed = vacuum_tables(&loc, &committed, what).await?;
+    }
     summary.elapsed = started.elapsed();
     Ok(summary)
+}
+
+/// Vacuums the history and latest view of each of `tables` (see
+/// [`delta::vacuum`]), a few at a time; returns the files deleted.
+pub async fn vacuum_tables(
+    loc: &Location,
+    tables: &[TableShape],
+    what: delta::Vacuum,
+) -> Result<usize> {
+    let vacuums = tables.iter().flat_map(|shape| {
+        let dir = compacted::table_folder(shape);
+        [Role::History, Role::Latest].map(move |role| {
+            let dir = dir.clone();
+            async move { delta::vacuum(loc, role, &dir, what).await }
+        })
+    });
+    let deleted: Vec<usize> = futures::stream::iter(vacuums)
+        .buffer_unordered(delta::LOG_CALLS)
+        .try_collect()
+        .await?;
+    Ok(deleted.into_iter().sum())
 }
 
 /// `key` relative to the table folder `dir` (both under the prefix).
@@ -815,6 +878,8 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
             "seq {g} is not in the archive yet (a batch still uploading, or parked: see `waltail parked list`); the objects after it wait for the next run\n"
         )
     });
+    let vacuumed =
+        (s.vacuumed > 0).then(|| format!("  vacuumed {} files past compact.retain\n", s.vacuumed));
     let Some((first, last)) = s.seqs else {
         out.push_str("nothing new to compact\n");
         out.push_str(gap.as_deref().unwrap_or_default());
@@ -823,27 +888,17 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
     let tables = s.tables.iter().cloned().collect::<Vec<_>>().join(", ");
     if dry_run {
         out.push_str(&format!(
-            "would compact {} objects ({}), seqs {first}-{last}, tables {tables}{}\n",
+            "would compact {} objects ({}), seqs {first}-{last}, tables {tables}\n",
             s.objects,
             HumanBytes(s.bytes_in),
-            if s.resumed {
-                " (completing an interrupted run)"
-            } else {
-                ""
-            }
         ));
     } else {
         out.push_str(&format!(
-            "compacted {} objects ({}), seqs {first}-{last}, {} changes in {:.1} s{}\n",
+            "compacted {} objects ({}), seqs {first}-{last}, {} changes in {:.1} s\n",
             s.objects,
             HumanBytes(s.bytes_in),
             s.changes,
             s.elapsed.as_secs_f64(),
-            if s.resumed {
-                " (completed an interrupted run)"
-            } else {
-                ""
-            }
         ));
         out.push_str(&format!(
             "  history  {} files, {} changes, {}\n",
@@ -869,6 +924,7 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
             HumanBytes(s.bytes_in),
             HumanBytes(s.history_bytes + s.latest_bytes)
         ));
+        out.push_str(vacuumed.as_deref().unwrap_or_default());
     }
     out.push_str(gap.as_deref().unwrap_or_default());
     out
