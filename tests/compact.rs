@@ -934,12 +934,15 @@ async fn a_table_without_a_key_gets_a_history_and_no_latest_view() {
 async fn upload_archive(prefix: &str, archive: &GeneratedArchive, from: u64, to: u64) {
     let dir = tempfile::tempdir().unwrap();
     write_archive(dir.path(), archive, from, to);
+    upload_dir(dir.path(), prefix).await;
+}
+
+/// Uploads every file under `dir` to the test bucket under `prefix`, at
+/// its path relative to `dir`.
+async fn upload_dir(dir: &Path, prefix: &str) {
     let store = admin_store();
-    for entry in walk(dir.path()) {
-        let key = format!(
-            "{prefix}/{}",
-            entry.strip_prefix(dir.path()).unwrap().display()
-        );
+    for entry in walk(dir) {
+        let key = format!("{prefix}/{}", entry.strip_prefix(dir).unwrap().display());
         store
             .put(
                 &ObjectPath::from(key.as_str()),
@@ -1048,20 +1051,7 @@ async fn compacts_of_two_tables_at_once_both_commit() {
         }
     }
     let prefix = unique("compactboth");
-    let store = admin_store();
-    for entry in walk(root.path()) {
-        let key = format!(
-            "{prefix}/{}",
-            entry.strip_prefix(root.path()).unwrap().display()
-        );
-        store
-            .put(
-                &ObjectPath::from(key.as_str()),
-                PutPayload::from(std::fs::read(&entry).unwrap()),
-            )
-            .await
-            .unwrap();
-    }
+    upload_dir(root.path(), &prefix).await;
     let s3 = s3();
     let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
     proxy.set_mode(Mode::Delay(Duration::from_millis(20)));

@@ -4,8 +4,9 @@
 //! writes, the protocol each table needs, a replace (remove + add) and time
 //! travel to the version before it.
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -13,6 +14,7 @@ use arrow::array::{
     TimestampMicrosecondArray,
 };
 use arrow::record_batch::RecordBatch;
+use common::read_delta;
 use object_store::ObjectStore;
 use parquet::arrow::ArrowWriter;
 use serde_json::{Value, json};
@@ -104,34 +106,6 @@ fn folder(root: &Path) -> Location {
     Location::new(&dest, &store).unwrap()
 }
 
-/// The table as `engine` reads it: (header, rows).
-fn read(engine: &str, table: &Path, version: Option<u64>) -> (Value, Vec<Value>) {
-    let python = std::env::var("WT_TEST_DUCKDB_PYTHON")
-        .expect("WT_TEST_DUCKDB_PYTHON: run the tests through scripts/test.sh");
-    let mut cmd = Command::new(python);
-    cmd.arg(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/readers/delta.py"
-    ))
-    .arg(engine)
-    .arg(table);
-    if let Some(v) = version {
-        cmd.arg("--version").arg(v.to_string());
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{engine}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let mut lines = text
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap());
-    let header = lines.next().unwrap();
-    (header, lines.collect())
-}
-
 fn row(id: i64) -> Value {
     json!([
         id,
@@ -195,7 +169,7 @@ async fn a_replaced_latest_view_is_read_whole_and_as_it_was_by_duckdb_and_deltal
     );
 
     for engine in ["duckdb", "deltalake"] {
-        let (header, rows) = read(engine, &table, None);
+        let (header, rows) = read_delta(engine, &table, None);
         assert_eq!(rows, [row(1), row(2), row(3), row(4)], "{engine}");
         assert_eq!(header["version"], 1, "{engine}");
         assert_eq!(
@@ -206,12 +180,12 @@ async fn a_replaced_latest_view_is_read_whole_and_as_it_was_by_duckdb_and_deltal
             ]),
             "{engine}"
         );
-        let (_, rows) = read(engine, &table, Some(0));
+        let (_, rows) = read_delta(engine, &table, Some(0));
         assert_eq!(rows, [row(1), row(2), row(3)], "{engine} at version 0");
     }
     // `timestamp without time zone` is Delta's timestamp_ntz: the one
     // column that needs reader 3 / writer 7.
-    let (header, _) = read("deltalake", &table, None);
+    let (header, _) = read_delta("deltalake", &table, None);
     assert_eq!(header["protocol"], json!([3, 7]));
 }
 
@@ -264,7 +238,7 @@ async fn a_history_partitioned_by_date_is_read_with_its_dates_by_duckdb_and_delt
     };
     delta::commit(&loc, "public/t", None, commit).await.unwrap();
     for engine in ["duckdb", "deltalake"] {
-        let (header, rows) = read(engine, &table, None);
+        let (header, rows) = read_delta(engine, &table, None);
         assert_eq!(
             rows,
             [
@@ -276,6 +250,6 @@ async fn a_history_partitioned_by_date_is_read_with_its_dates_by_duckdb_and_delt
         assert_eq!(header["columns"][7], "date", "{engine}");
     }
     // No timestamp without time zone: the lowest protocol.
-    let (header, _) = read("deltalake", &table, None);
+    let (header, _) = read_delta("deltalake", &table, None);
     assert_eq!(header["protocol"], json!([1, 2]));
 }
