@@ -1318,3 +1318,144 @@ async fn replaced_files_stay_for_time_travel_until_retain_passes_then_vacuum_del
         "{stderr}"
     );
 }
+
+/// Copies the folder `from` into `to`, file by file.
+fn copy_dir(from: &Path, to: &Path) {
+    for file in walk(from) {
+        let target = to.join(file.strip_prefix(from).unwrap());
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::copy(&file, &target).unwrap();
+    }
+}
+
+/// An archive compacted by the release before the Delta tables (the
+/// fixture: seqs 1-600 of `generate_archive(1000, 150, 31, 800)`, compacted
+/// by that release's `waltail compact`, see tests/fixtures/README.md) is
+/// upgraded in place by the first run: its files get Delta logs without
+/// being rewritten, every reader sees the rows it saw before, and the next
+/// changes are compacted once on top.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_archive_compacted_before_delta_is_upgraded_in_place() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/compacted-before-delta");
+    let mut w = Waltail::without_db("gen", "public.t");
+    let root = w.dir.path().join("archive");
+    copy_dir(&fixture, &root);
+    w.set("WALTAIL_DESTINATION_TYPE", "file")
+        .set("WALTAIL_DESTINATION_PATH", root.to_str().unwrap());
+    let manifest = root.join("_waltail/compaction/manifest.json");
+    assert!(manifest.exists());
+    let data_files = || -> BTreeSet<(PathBuf, std::time::SystemTime)> {
+        walk(&root)
+            .into_iter()
+            .filter(|p| {
+                p.extension().is_some_and(|e| e == "parquet")
+                    && !p.to_string_lossy().contains("_delta_log")
+            })
+            .map(|p| {
+                let modified = std::fs::metadata(&p).unwrap().modified().unwrap();
+                (p, modified)
+            })
+            .collect()
+    };
+    // What a reader saw before: the manifest's latest files and the history.
+    let old: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let latest_files: Vec<String> = old["tables"]["public.t"]["latest"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| format!("'{}/{}'", root.display(), k.as_str().unwrap()))
+        .collect();
+    let before_latest = duck(&format!(
+        "SELECT id, doc, n, _seq FROM read_parquet([{}]) ORDER BY id",
+        latest_files.join(", ")
+    ));
+    let before_history = duck(&format!(
+        "SELECT count(*), count(DISTINCT _seq), max(_seq) FROM read_parquet('{}/parquet/public/t/*/*.parquet')",
+        root.display()
+    ));
+    assert_eq!(before_history, [[json!(600), json!(600), json!(600)]]);
+    let files_before = data_files();
+
+    // The first run writes the logs and nothing else: nothing new to compact.
+    let out = compact(&w, &[]);
+    assert!(out.contains("nothing new to compact"), "{out}");
+    assert!(!manifest.exists());
+    assert!(
+        root.join("_waltail/compaction/manifest.upgraded.json")
+            .exists()
+    );
+    assert_eq!(
+        data_files(),
+        files_before,
+        "no file written, moved or rewritten"
+    );
+    let latest = root.join("latest/public/t");
+    let rows = delta_rows_agree(&latest);
+    assert_eq!(rows.len(), before_latest.len());
+    let after_latest = duck(&format!(
+        "SELECT id, doc, n, _seq FROM delta_scan('{}') ORDER BY id",
+        latest.display()
+    ));
+    assert_eq!(after_latest, before_latest);
+    let history = root.join("parquet/public/t");
+    delta_rows_agree(&history);
+    let after_history = duck(&format!(
+        "SELECT count(*), count(DISTINCT _seq), max(_seq) FROM delta_scan('{}')",
+        history.display()
+    ));
+    assert_eq!(after_history, before_history);
+    assert_eq!(snapshot(&root, Role::Latest).await.unwrap().seq, Some(600));
+    assert_eq!(snapshot(&root, Role::History).await.unwrap().seq, Some(600));
+
+    // An upgrade stopped after the history's log: the next run writes the
+    // latest view's and leaves the history's as it was.
+    std::fs::remove_dir_all(latest.join("_delta_log")).unwrap();
+    std::fs::copy(
+        root.join("_waltail/compaction/manifest.upgraded.json"),
+        &manifest,
+    )
+    .unwrap();
+    let out = compact(&w, &[]);
+    assert!(out.contains("nothing new to compact"), "{out}");
+    assert!(!manifest.exists());
+    let history_log = snapshot(&root, Role::History).await.unwrap();
+    assert_eq!((history_log.version, history_log.seq), (0, Some(600)));
+    assert_eq!(
+        latest_by_reader("deltalake", &root, None).len(),
+        before_latest.len()
+    );
+
+    // The changes after it are compacted once, on top.
+    let archive = generate_archive(1000, 150, 31, 800);
+    write_archive(&root, &archive, 601, 1000);
+    let out = compact(&w, &[]);
+    assert!(out.contains("400 changes"), "{out}");
+    assert_eq!(latest_by_reader("duckdb", &root, None), archive.expected);
+    assert_eq!(latest_by_reader("deltalake", &root, None), archive.expected);
+    assert_eq!(
+        duck(&format!(
+            "SELECT count(*), count(DISTINCT _seq), min(_seq), max(_seq) FROM delta_scan('{}')",
+            history.display()
+        )),
+        [[json!(1000), json!(1000), json!(1), json!(1000)]]
+    );
+    // The view before the new run is the upgrade's, in every reader.
+    let upgraded = snapshot(&root, Role::Latest).await.unwrap().version - 1;
+    let before: std::collections::BTreeMap<i64, (Value, Value, u64)> = before_latest
+        .iter()
+        .map(|r| {
+            let seq = r[3].as_u64().unwrap();
+            (r[0].as_i64().unwrap(), (r[1].clone(), r[2].clone(), seq))
+        })
+        .collect();
+    for engine in ["duckdb", "deltalake"] {
+        assert_eq!(
+            latest_by_reader(engine, &root, Some(upgraded)),
+            before,
+            "{engine}"
+        );
+    }
+    let out = compact(&w, &[]);
+    assert!(out.contains("nothing new to compact"), "{out}");
+}

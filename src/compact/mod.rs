@@ -34,6 +34,7 @@ mod scan;
 pub mod session;
 pub mod spool;
 pub mod typing;
+pub mod upgrade;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::IsTerminal;
@@ -152,6 +153,15 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
     let prefix = sink.prefix();
     let loc = Location::new(&config.destination, &store)?;
     let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
+    if opts.dry_run && upgrade::pending(store.as_ref(), prefix).await? {
+        return Err(Error::fatal(
+            "this archive was compacted by an earlier release (it has _waltail/compaction/manifest.json): a dry run cannot say what the first run of this one does",
+            "run `waltail compact` once: it writes the Delta logs for the files already compacted (nothing is rewritten) and compacts what is new",
+        ));
+    }
+    // Every table the old manifest knows, not only the selected ones: it
+    // is deleted once they all have their logs.
+    upgrade::upgrade(&store, prefix, &loc, &config.pipeline, &schemas).await?;
     let selected: Vec<String> = select_tables(&schemas, &opts.tables)?.into_iter().collect();
     let records = |t: &str| schemas.get(t).map(Vec::as_slice).unwrap_or_default();
     let newest: Vec<TableShape> = selected
