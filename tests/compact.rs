@@ -1459,3 +1459,166 @@ async fn an_archive_compacted_before_delta_is_upgraded_in_place() {
     let out = compact(&w, &[]);
     assert!(out.contains("nothing new to compact"), "{out}");
 }
+
+/// The commits of the Delta log at `table`, in version order: each one's
+/// `commitInfo` (operation, `waltail.*` keys).
+fn commit_infos(table: &Path) -> Vec<Value> {
+    let mut commits: Vec<PathBuf> = std::fs::read_dir(table.join("_delta_log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    commits.sort();
+    commits
+        .iter()
+        .map(|p| {
+            std::fs::read_to_string(p)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .find_map(|a| a.get("commitInfo").cloned())
+                .unwrap_or_else(|| panic!("no commitInfo in {}", p.display()))
+        })
+        .collect()
+}
+
+/// kill -9 at moments spread over runs (seeded, so a failure repeats):
+/// before any file, while they are written, between the two commits, after
+/// them. The next run always goes on; at the end the tables hold every
+/// change once, both readers open them, and each commit of the latest view
+/// starts at the seq after the one before it.
+#[tokio::test(flavor = "multi_thread")]
+async fn compacts_killed_at_any_moment_lose_nothing_and_commit_nothing_twice() {
+    let total = 6000;
+    let archive = generate_archive(total, 400, 41, 4500);
+    let mut w = Waltail::without_db("gen", "public.t");
+    let root = w.dir.path().join("archive");
+    w.set("WALTAIL_DESTINATION_TYPE", "file")
+        .set("WALTAIL_DESTINATION_PATH", root.to_str().unwrap());
+    write_archive(&root, &archive, 1, 1000);
+    compact(&w, &[]);
+    // How long a run of 1,000 changes over a view takes here.
+    write_archive(&root, &archive, 1001, 2000);
+    let started = Instant::now();
+    compact(&w, &[]);
+    let run = started.elapsed();
+    let (mut written, mut rng) = (2000, fastrand::Rng::with_seed(41));
+    let (mut none, mut both) = (0, 0);
+    // Twelve rounds at least; more (up to 40) until kills fell both before
+    // and after the commits, whatever the machine's load does to the times.
+    for round in 0..40 {
+        if round >= 12 && none > 0 && both > 0 {
+            break;
+        }
+        if round % 2 == 0 && written < total {
+            write_archive(&root, &archive, written + 1, written + 1000);
+            written += 1000;
+        }
+        let seq = async |role| snapshot(&root, role).await.and_then(|p| p.seq);
+        let had_work = seq(Role::Latest).await != Some(written);
+        w.spawn(&["compact"]);
+        std::thread::sleep(run.mul_f64(rng.f64() * 1.6));
+        w.kill9();
+        let (history, latest) = (seq(Role::History).await, seq(Role::Latest).await);
+        assert!(history >= latest, "the history is committed first");
+        match latest {
+            _ if !had_work => {}
+            Some(s) if s == written => both += 1,
+            _ if history == latest => none += 1,
+            _ => {}
+        }
+    }
+    assert!(
+        none > 0 && both > 0,
+        "kills before ({none}) and after ({both}) the commits of a run of {run:?}"
+    );
+    let out = compact(&w, &[]);
+    assert!(!out.contains("error"), "{out}");
+    let history = root.join("parquet/public/t");
+    let latest = root.join("latest/public/t");
+    assert_eq!(
+        duck(&format!(
+            "SELECT count(*), count(DISTINCT _seq), min(_seq), max(_seq) FROM delta_scan('{}')",
+            history.display()
+        )),
+        [[json!(total), json!(total), json!(1), json!(total)]]
+    );
+    assert_eq!(delta_rows_agree(&history).len() as u64, total);
+    delta_rows_agree(&latest);
+    assert_eq!(latest_by_reader("duckdb", &root, None), archive.expected);
+    assert_eq!(latest_by_reader("deltalake", &root, None), archive.expected);
+    let mut next = 1;
+    for info in commit_infos(&latest) {
+        let Some(seq) = info["waltail.seq"].as_u64() else {
+            continue; // a vacuum's commit
+        };
+        assert_eq!(info["waltail.fromSeq"].as_u64(), Some(next), "{info}");
+        next = seq + 1;
+    }
+    assert_eq!(next, total + 1);
+}
+
+/// A reader looping over a latest view while a run replaces it counts the
+/// rows of the view before or of the view after, never anything else: each
+/// read is one snapshot of the log.
+#[tokio::test(flavor = "multi_thread")]
+async fn readers_looping_over_a_latest_view_during_a_compact_see_the_old_view_or_the_new() {
+    let total = 20_000;
+    let archive = generate_archive(total, 6000, 43, total + 1);
+    let mut w = Waltail::without_db("gen", "public.t");
+    let root = w.dir.path().join("archive");
+    w.set("WALTAIL_DESTINATION_TYPE", "file")
+        .set("WALTAIL_DESTINATION_PATH", root.to_str().unwrap());
+    write_archive(&root, &archive, 1, 2000);
+    compact(&w, &[]);
+    let before = generate_archive(2000, 6000, 43, total + 1).expected.len();
+    let after = archive.expected.len();
+    assert_ne!(before, after);
+    write_archive(&root, &archive, 2001, total);
+    let latest = root.join("latest/public/t");
+    let readers: Vec<_> = ["duckdb", "deltalake"]
+        .into_iter()
+        .map(|engine| {
+            let child = std::process::Command::new(duckdb_python())
+                .arg(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/tests/readers/delta.py"
+                ))
+                .arg(engine)
+                .arg(&latest)
+                .args(["--count-loop", "12"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            (engine, child)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let started = Instant::now();
+    compact(&w, &[]);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(8),
+        "the run must end while the readers loop: {took:?}"
+    );
+    for (engine, child) in readers {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{engine}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let counts: Vec<usize> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect();
+        assert!(
+            counts.iter().all(|&c| c == before || c == after),
+            "{engine} counted {counts:?}; the views hold {before} and {after}"
+        );
+        assert_eq!(counts.first(), Some(&before), "{engine}: {counts:?}");
+        assert_eq!(counts.last(), Some(&after), "{engine}: {counts:?}");
+    }
+}
