@@ -8,8 +8,12 @@
 #   2. for each: `waltail compact` (typed history + latest view, zstd) into
 #      the local folder, then DuckDB `COPY (SELECT * FROM read_ndjson_auto(...))
 #      TO ... (FORMAT parquet, COMPRESSION zstd)` of the same files;
-#   3. prints changes/s, peak RSS (GNU time's maximum resident set size) and
-#      the ratio.
+#   3. prints changes/s, peak RSS (GNU time's maximum resident set size), the
+#      ratio, and the Delta commits' share of waltail's time;
+#   4. runs `waltail compact` RUNS (1,000) times, one small object each, then
+#      times opening the latest view after them: a whole `waltail query` of
+#      its row count, and `DeltaTable(...)` of the deltalake package (the
+#      median of five each).
 # Needs no service and no port (the archive is a local folder), so it can run
 # beside the tests; uses DuckDB from PyPI (scripts/duckdb.sh).
 # Usage: scripts/bench-compact.sh                     (release build; several minutes)
@@ -119,9 +123,69 @@ duckdb.sql(\"COPY (SELECT * FROM read_ndjson_auto('$root/2026/*/*/*.ndjson')) TO
       WALTAIL_DESTINATION_PATH="$root" WALTAIL_STATE_DIR="$work/state" \
       measure "$bin" compact)
     grep -q "compacted" "$work/out" || { cat "$work/out" >&2; exit 1; }
-    latest=$(find "$root/latest" -name '*.parquet' | wc -l)
+    latest=$(find "$root/latest" -name '*.parquet' -not -path '*/_delta_log/*' | wc -l)
+    commit_s=$(awk '$1 == "delta" { print $5 }' "$work/out")
     awk -v n="$CHANGES" -v s="$wt_s" -v k="$wt_kb" 'BEGIN { printf "%-22s %10s %12.2f %12.0f %8.0f MB\n", "", "waltail", s, n / (s > 0 ? s : 0.01), k / 1024 }'
     awk -v a="$wt_s" -v b="$dk_s" -v bin="$bin" -v f="$latest" 'BEGIN { printf "%-22s %10s %12s waltail takes %.2fx DuckDB'"'"'s time (%s; %d latest files)\n", "", "ratio", "", (b > 0 ? a / b : 0), bin, f }'
+    awk -v c="$commit_s" -v a="$wt_s" 'BEGIN { printf "%-22s %10s %12.2f %.1f%% of waltail'"'"'s time\n", "", "commits", c, (a > 0 ? 100 * c / a : 0) }'
   done
   [ "${KEEP:-}" = 1 ] || rm -rf "$root" "$work/duck-$lines.parquet"
 done
+
+# 4. Opening a table after many runs: RUNS runs of one object (10 changes
+# over 100 keys) each; a checkpoint every 10 commits keeps the log short.
+RUNS=${RUNS:-1000}
+root=$work/runs
+mkdir -p "$root/_schemas/public.bench" "$work/objects"
+"$python" - "$root" "$work/objects" "$RUNS" <<'PY'
+import json, os, sys
+root, objects, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+schema = {"table": "public.bench", "version": 1, "replica_identity": "default", "columns": [
+    {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": True},
+    {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": False}]}
+with open(os.path.join(root, "_schemas", "public.bench", "1.json"), "w") as f:
+    f.write(json.dumps(schema) + "\n")
+seq = 0
+for run in range(runs):
+    lines = []
+    for _ in range(10):
+        seq += 1
+        op = "insert" if seq <= 100 else "update"
+        lines.append(json.dumps({"op": op, "table": "public.bench", "data": {"id": seq % 100, "n": seq},
+            "old": None, "seq": seq, "idempotency_key": f"{seq:08x}-0000-5000-8000-000000000000",
+            "commit_lsn": f"0/{seq * 64:X}"}) + "\n")
+    with open(os.path.join(objects, f"bench-{seq - 9}-{seq}.ndjson"), "w") as f:
+        f.write("".join(lines))
+PY
+bin=${bins##* }
+export WALTAIL_PIPELINE=bench WALTAIL_SOURCE_URL=postgres://bench@127.0.0.1:1/bench \
+  WALTAIL_SOURCE_TABLES=public.bench WALTAIL_DESTINATION_TYPE=file \
+  WALTAIL_DESTINATION_PATH="$root" WALTAIL_STATE_DIR="$work/state-runs"
+echo "compacting $RUNS runs of one object each ..." >&2
+mkdir -p "$root/2026/11/01"
+started=$(date +%s.%N)
+for object in $(ls "$work/objects" | sort -t- -k2 -n); do
+  mv "$work/objects/$object" "$root/2026/11/01/"
+  "$bin" compact >"$work/out" 2>&1 || { cat "$work/out" >&2; exit 1; }
+done
+runs_s=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
+table=$root/latest/public/bench
+commits=$(find "$table/_delta_log" -name '*.json' | wc -l)
+checkpoints=$(find "$table/_delta_log" -name '*.checkpoint.parquet' | wc -l)
+median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+query_ms=$(for _ in 1 2 3 4 5; do
+  s=$(date +%s%N); "$bin" query --format csv "SELECT count(*) FROM public.bench" >/dev/null; e=$(date +%s%N)
+  echo $(( (e - s) / 1000000 )); done | median)
+deltalake_ms=$("$python" - "$table" <<'PY'
+import statistics, sys, time
+from deltalake import DeltaTable
+times = []
+for _ in range(5):
+    t = time.perf_counter()
+    DeltaTable(sys.argv[1]).file_uris()
+    times.append((time.perf_counter() - t) * 1000)
+print(round(statistics.median(times)))
+PY
+)
+printf '\n%s runs in %.0f s; the latest view has %d commits and %d checkpoints in its log\n' "$RUNS" "$runs_s" "$commits" "$checkpoints"
+printf 'opening it: waltail query (whole process, count) %d ms, deltalake DeltaTable() %d ms (median of 5)\n' "$query_ms" "$deltalake_ms"

@@ -92,6 +92,9 @@ pub struct Summary {
     pub tables: BTreeSet<String>,
     /// Files vacuum deleted (see [`vacuum_tables`]).
     pub vacuumed: usize,
+    /// Delta commits written, and the time they took.
+    pub commits: usize,
+    pub commit_time: Duration,
     /// The first seq not in the archive when a gap stopped the run.
     pub gap: Option<u64>,
     pub elapsed: Duration,
@@ -474,6 +477,7 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
                 },
             )
             .await?;
+            summary.commits += 1;
         }
         if shape.key.is_empty() {
             continue;
@@ -523,8 +527,9 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
             },
         )
         .await?;
+        summary.commits += 1;
     }
-    tracing::debug!(elapsed = ?commits_started.elapsed(), "committed the Delta tables");
+    summary.commit_time = commits_started.elapsed();
     if config.compact.vacuum {
         let committed: Vec<TableShape> = plan
             .tables
@@ -933,6 +938,11 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
             s.changes as f64 / s.elapsed.as_secs_f64().max(1e-3),
             HumanBytes(s.bytes_in),
             HumanBytes(s.history_bytes + s.latest_bytes)
+        ));
+        out.push_str(&format!(
+            "  delta    {} commits in {:.2} s\n",
+            s.commits,
+            s.commit_time.as_secs_f64()
         ));
         out.push_str(vacuumed.as_deref().unwrap_or_default());
     }
