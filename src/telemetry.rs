@@ -15,9 +15,13 @@ pub enum LogFormat {
 }
 
 /// Installs the global subscriber. Call once, from the binary.
-/// Logs to stderr at `default` level unless WALTAIL_LOG sets a filter.
+/// Logs to stderr, waltail's own events at `default` level and its
+/// dependencies' at warn, unless WALTAIL_LOG sets a filter.
 pub fn init_logging(format: LogFormat, default: &str) {
-    let filter = EnvFilter::try_from_env("WALTAIL_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    // Dependencies say only warnings and errors by default: the Delta
+    // kernel alone logs several info lines per table a run opens.
+    let filter = EnvFilter::try_from_env("WALTAIL_LOG")
+        .unwrap_or_else(|_| EnvFilter::new(format!("warn,waltail={default}")));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

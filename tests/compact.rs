@@ -1084,6 +1084,18 @@ async fn compacts_of_two_tables_at_once_both_commit() {
             dir.path().display()
         ));
         assert_eq!(rows, [[json!(n), json!(n)]], "history of public.{table}");
+        // Read where they are, on S3, both readers see what they see in the copy.
+        for role in ["parquet", "latest"] {
+            let on_s3 = format!("s3://{}/{prefix}/{role}/public/{table}", s3.bucket);
+            let copy = dir.path().join(format!("{role}/public/{table}"));
+            for engine in ["duckdb", "deltalake"] {
+                assert_eq!(
+                    read_delta(engine, Path::new(&on_s3), None).1,
+                    read_delta(engine, &copy, None).1,
+                    "{engine} on {on_s3}"
+                );
+            }
+        }
     }
 }
 

@@ -785,11 +785,17 @@ pub fn duck(sql: &str) -> Vec<Vec<Value>> {
         .collect()
 }
 
-/// A Delta table as `engine` (`duckdb` or `deltalake`, see
-/// tests/readers/delta.py) reads it, at `version` or its newest: the header
+/// A Delta table (a folder, or `s3://` in the test bucket) as `engine`
+/// (`duckdb` or `deltalake`, see tests/readers/delta.py) reads it, at
+/// `version` or its newest: the header
 /// (version, columns, protocol) and the rows, sorted.
 pub fn read_delta(engine: &str, table: &Path, version: Option<u64>) -> (Value, Vec<Value>) {
     let mut cmd = Command::new(duckdb_python());
+    // For an `s3://` table: the test bucket's server and keys.
+    let s3 = s3();
+    cmd.env("WT_S3_ENDPOINT", &s3.endpoint)
+        .env("WT_S3_KEY", &s3.key)
+        .env("WT_S3_SECRET", &s3.secret);
     cmd.arg(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/readers/delta.py"
