@@ -966,6 +966,26 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Starts `w` (`args`) on the archive under `prefix` through `proxy`, each
+/// chunk held 20 ms, and returns once it has written a history file: it is
+/// then writing and has not committed.
+async fn spawn_slow_until_history(w: &mut Waltail, proxy: &Proxy, prefix: &str, args: &[&str]) {
+    proxy.set_mode(Mode::Delay(Duration::from_millis(20)));
+    w.s3(prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url());
+    w.spawn(args);
+    wait_until(
+        "the slow run has written history",
+        Duration::from_secs(60),
+        async || {
+            !listing(admin_store().as_ref(), &format!("{prefix}/parquet"))
+                .await
+                .is_empty()
+        },
+    )
+    .await;
+}
+
 /// Waits until `what` holds, polling.
 async fn wait_until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
     let start = Instant::now();
@@ -982,21 +1002,8 @@ async fn of_two_compacts_of_one_table_at_once_one_commits_and_the_other_stops_sa
     upload_archive(&prefix, &archive, 1, 3000).await;
     let s3 = s3();
     let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
-    proxy.set_mode(Mode::Delay(Duration::from_millis(20)));
     let mut slow = Waltail::without_db("gen", "public.t");
-    slow.s3(&prefix)
-        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url());
-    slow.spawn(&["compact"]);
-    wait_until(
-        "the slow run has written history",
-        Duration::from_secs(60),
-        async || {
-            !listing(admin_store().as_ref(), &format!("{prefix}/parquet"))
-                .await
-                .is_empty()
-        },
-    )
-    .await;
+    spawn_slow_until_history(&mut slow, &proxy, &prefix, &["compact"]).await;
     // Hold the slow run's requests while the second one runs: it must not
     // reach its first commit before the other has committed.
     proxy.set_mode(Mode::Delay(Duration::from_secs(2)));
@@ -1054,21 +1061,8 @@ async fn compacts_of_two_tables_at_once_both_commit() {
     upload_dir(root.path(), &prefix).await;
     let s3 = s3();
     let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
-    proxy.set_mode(Mode::Delay(Duration::from_millis(20)));
     let mut slow = Waltail::without_db("gen", "public.t,public.u");
-    slow.s3(&prefix)
-        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url());
-    slow.spawn(&["compact", "public.t"]);
-    wait_until(
-        "the run on public.t has written history",
-        Duration::from_secs(60),
-        async || {
-            !listing(admin_store().as_ref(), &format!("{prefix}/parquet"))
-                .await
-                .is_empty()
-        },
-    )
-    .await;
+    spawn_slow_until_history(&mut slow, &proxy, &prefix, &["compact", "public.t"]).await;
     let mut other = Waltail::without_db("gen", "public.t,public.u");
     other.s3(&prefix);
     let (status, stdout, stderr) = other.output(&["compact", "public.u"]);

@@ -63,6 +63,14 @@ pub fn date_app_id(app_id: &str) -> String {
     format!("{app_id}:date")
 }
 
+/// The date txn of a commit whose last object is in the folder `date`
+/// (none when that is unknown), beside the seq's (see [`date_app_id`]).
+pub fn date_txns(app_id: &str, date: Option<&str>) -> Vec<(String, i64)> {
+    date.and_then(date_number)
+        .map(|d| vec![(date_app_id(app_id), d)])
+        .unwrap_or_default()
+}
+
 /// `YYYY-MM-DD` as the number `YYYYMMDD`, and back.
 pub fn date_number(date: &str) -> Option<i64> {
     let digits: String = date.chars().filter(char::is_ascii_digit).collect();

@@ -455,11 +455,7 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
                     .collect(),
                 _ => Vec::new(),
             };
-            let txns = last_date
-                .as_deref()
-                .and_then(compacted::date_number)
-                .map(|d| vec![(compacted::date_app_id(&app), d)])
-                .unwrap_or_default();
+            let txns = compacted::date_txns(&app, last_date.as_deref());
             delta::commit(
                 &loc,
                 &dir,

@@ -24,7 +24,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::file::metadata::{FooterTail, ParquetMetaDataReader};
 use serde::Deserialize;
 
-use super::compacted::{UNREADABLE_FIX, date_app_id, date_number, history_first_seq, table_folder};
+use super::compacted::{UNREADABLE_FIX, date_txns, history_first_seq, table_folder};
 use super::delta::{self, DataFile, Location, Role};
 use super::history::table_dir;
 use super::listing::under;
@@ -228,12 +228,7 @@ async fn upgrade_table(
                     .map(str::to_string),
             });
         }
-        let txns = entry
-            .next_date
-            .as_deref()
-            .and_then(date_number)
-            .map(|d| vec![(date_app_id(&app), d)])
-            .unwrap_or_default();
+        let txns = date_txns(&app, entry.next_date.as_deref());
         delta::commit(
             loc,
             &dir,
