@@ -4,7 +4,7 @@
 //! The stages, one file each:
 //!
 //! ```text
-//! catalog (one snapshot: NDJSON objects, manifest, shapes, --at as a seq)
+//! catalog (one snapshot: NDJSON objects, Delta snapshots, shapes, --at as a seq)
 //!     --> providers (the tables: latest = compacted latest + merge of the
 //!         NDJSON tail; history = Parquet history + tail; waltail.changes)
 //!         using tail (NDJSON objects -> typed batches, pruned by key name)
