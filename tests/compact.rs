@@ -974,8 +974,13 @@ async fn spawn_slow_until_history(w: &mut Waltail, proxy: &Proxy, prefix: &str, 
     w.s3(prefix)
         .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url());
     w.spawn(args);
+    wait_for_history(prefix).await;
+}
+
+/// Waits until a run has written a history file under `prefix`.
+async fn wait_for_history(prefix: &str) {
     wait_until(
-        "the slow run has written history",
+        "the run has written history",
         Duration::from_secs(60),
         async || {
             !listing(admin_store().as_ref(), &format!("{prefix}/parquet"))
@@ -1106,16 +1111,7 @@ async fn a_compact_outlasts_a_store_that_drops_connections_for_seconds() {
         .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
         .set("WALTAIL_COMPACT_FILE_BYTES", "20000");
     w.spawn(&["compact"]);
-    wait_until(
-        "the run has written history",
-        Duration::from_secs(60),
-        async || {
-            !listing(admin_store().as_ref(), &format!("{prefix}/parquet"))
-                .await
-                .is_empty()
-        },
-    )
-    .await;
+    wait_for_history(&prefix).await;
     // The store is gone for three seconds: every connection reset.
     proxy.set_mode(Mode::Reset);
     tokio::time::sleep(Duration::from_secs(3)).await;
