@@ -1624,3 +1624,159 @@ async fn readers_looping_over_a_latest_view_during_a_compact_see_the_old_view_or
         assert_eq!(counts.last(), Some(&after), "{engine}: {counts:?}");
     }
 }
+
+const WIDEN: Table = Table {
+    name: "widen",
+    pg: "id, n, amount::text",
+    duck: "id, n, CAST(amount AS VARCHAR)",
+    json_columns: &[],
+};
+
+/// The Arrow types of `columns` in each data file of the Delta table at
+/// `table` (a local folder), as the file itself stores them.
+fn file_types(table: &Path, columns: &[&str]) -> Vec<(String, Vec<String>)> {
+    let (header, _) = read_delta("deltalake", table, None);
+    let files = delta_files(table, header["version"].as_u64().unwrap());
+    files
+        .into_iter()
+        .map(|path| {
+            let file = std::fs::File::open(table.join(&path)).unwrap();
+            let reader =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                    .unwrap();
+            let schema = reader.schema();
+            let types = columns
+                .iter()
+                .map(|c| schema.field_with_name(c).unwrap().data_type().to_string())
+                .collect();
+            (path, types)
+        })
+        .collect()
+}
+
+/// The data files (relative paths) a Delta table's `version` names, from
+/// its JSON commits (no checkpoint is written in the first ten).
+fn delta_files(table: &Path, version: u64) -> BTreeSet<String> {
+    let mut files = BTreeSet::new();
+    for v in 0..=version {
+        let log = std::fs::read_to_string(table.join(format!("_delta_log/{v:020}.json"))).unwrap();
+        for action in log
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        {
+            if let Some(path) = action["add"]["path"].as_str() {
+                files.insert(path.to_string());
+            }
+            if let Some(path) = action["remove"]["path"].as_str() {
+                files.remove(path);
+            }
+        }
+    }
+    files
+}
+
+/// Waits until the local folder archive `root` replays to exactly the rows
+/// of `table`; returns its changes.
+async fn wait_folder_replays(db: &TestDb, root: &Path, pipeline: &str, table: &str) -> Vec<Value> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        let objects: Vec<Object> = file_objects(root)
+            .into_iter()
+            .filter(|o| !o.key.starts_with("parquet/") && !o.key.starts_with("latest/"))
+            .collect();
+        if contiguous(&objects) {
+            let changes = checked_changes(&objects, None, pipeline);
+            if replay(&changes).get(&format!("public.{table}")) == Some(&db.rows(table).await) {
+                return changes;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the archive's replay never equalled {table}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_column_that_widens_rewrites_the_earlier_history_in_the_wider_type() {
+    let db = TestDb::new("compactwiden").await;
+    db.exec("CREATE TABLE widen (id int PRIMARY KEY, n int, amount numeric(6,2))")
+        .await;
+    let pipeline = unique("cw").replace('_', "-");
+    let mut w = Waltail::new(&db, &pipeline, "public.widen");
+    let archive: PathBuf = w.dir.path().join("archive");
+    w.set("WALTAIL_DESTINATION_TYPE", "file")
+        .set("WALTAIL_DESTINATION_PATH", archive.to_str().unwrap());
+    w.start();
+    db.exec("INSERT INTO widen SELECT g, g, g / 100.0 FROM generate_series(1, 20) g")
+        .await;
+    db.exec("UPDATE widen SET n = -n WHERE id <= 5").await;
+    wait_folder_replays(&db, &archive, &pipeline, "widen").await;
+    compact(&w, &[]);
+    let history = archive.join("parquet/public/widen");
+    let (_, before) = read_delta("deltalake", &history, None);
+    let narrow = file_types(&history, &["n", "amount"]);
+    assert!(
+        narrow
+            .iter()
+            .all(|(_, t)| t == &["Int32", "Decimal128(6, 2)"]),
+        "{narrow:?}"
+    );
+
+    // Both columns widen; new values need the room.
+    db.exec(
+        "ALTER TABLE widen ALTER COLUMN n TYPE bigint, ALTER COLUMN amount TYPE numeric(14,2);
+         INSERT INTO widen VALUES (21, 5000000000, 123456789012.34);
+         UPDATE widen SET n = 3000000000 WHERE id = 1;",
+    )
+    .await;
+    let changes = wait_folder_replays(&db, &archive, &pipeline, "widen").await;
+    let out = compact(&w, &[]);
+    assert!(
+        out.contains(&format!("rewrote  {} earlier history files", narrow.len())),
+        "{out}"
+    );
+    assert_latest_equals_source(&db, &archive, &WIDEN).await;
+    assert_history_equals_archive(&archive, "widen", &changes);
+    // Every file of the history's snapshot holds the wider types, so a
+    // reader that checks files against the schema reads them all.
+    let wide = file_types(&history, &["n", "amount"]);
+    assert!(wide.len() > narrow.len(), "{wide:?}");
+    assert!(
+        wide.iter()
+            .all(|(_, t)| t == &["Int64", "Decimal128(14, 2)"]),
+        "{wide:?}"
+    );
+    // Values as numbers: the archive writes numeric 0.10 as 0.1.
+    let numbers = |row: &[Value]| -> (u64, Option<i64>, Option<f64>) {
+        let amount = |v: &Value| v.as_f64().or_else(|| v.as_str()?.parse().ok());
+        (row[0].as_u64().unwrap(), row[1].as_i64(), amount(&row[2]))
+    };
+    let expected: Vec<_> = changes
+        .iter()
+        .map(|c| {
+            let row = if c["data"].is_object() {
+                &c["data"]
+            } else {
+                &c["old"]
+            };
+            numbers(&[c["seq"].clone(), row["n"].clone(), row["amount"].clone()])
+        })
+        .collect();
+    let got: Vec<_> = duck(&format!(
+        "SELECT _seq, n, CAST(amount AS VARCHAR) FROM delta_scan('{}') ORDER BY _seq",
+        history.display()
+    ))
+    .iter()
+    .map(|r| numbers(r))
+    .collect();
+    assert_eq!(got, expected, "history values");
+    // The version before the rewrite still reads, from the narrower files.
+    for engine in ["deltalake", "duckdb"] {
+        let (header, rows) = read_delta(engine, &history, Some(0));
+        assert_eq!(header["version"], 0, "{engine}");
+        assert_eq!(rows, before, "{engine}: version 0");
+    }
+    let out = compact(&w, &[]);
+    assert!(out.contains("nothing new to compact"), "{out}");
+    w.stop();
+    db.drop_db().await;
+}

@@ -700,7 +700,7 @@ impl HistoryFile {
 /// `_old` is JSON, whose text order means nothing. Comparing each value
 /// with the running min and max was about 3% of compact's CPU. The latest
 /// view, ordered by key, keeps them for `_key`.
-fn history_properties(props: WriterProperties) -> WriterProperties {
+pub fn history_properties(props: WriterProperties) -> WriterProperties {
     let mut builder = props.into_builder();
     for column in ["_key", "_old"] {
         builder = builder

@@ -12,6 +12,7 @@
 //!     --> read (NDJSON lines -> typed changes, typing: records -> Arrow;
 //!         columns: each object's changes as an Arrow batch per table)
 //!     --> history (Parquet per table and date)  +  latest (merge, new generation)
+//!         [+ rewrite: earlier history files again, when a column's type widened]
 //!     --> delta (per table: the history's commit, then the latest view's)
 //! ```
 //!
@@ -30,6 +31,7 @@ pub mod latest;
 pub mod listing;
 pub mod plan;
 pub mod read;
+pub mod rewrite;
 mod scan;
 pub mod session;
 pub mod spool;
@@ -92,6 +94,8 @@ pub struct Summary {
     pub tables: BTreeSet<String>,
     /// Files vacuum deleted (see [`vacuum_tables`]).
     pub vacuumed: usize,
+    /// History files written again in a column's wider type (see [`rewrite`]).
+    pub rewritten: usize,
     /// Delta commits written, and the time they took.
     pub commits: usize,
     pub commit_time: Duration,
@@ -232,6 +236,19 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
         repeated: planned.repeated,
     };
     let shapes = shapes(&schemas, &plan.tables, &entries)?;
+    // Each table's columns whose type widened since its history was
+    // written: its earlier files are rewritten (see `rewrite`).
+    let widened: BTreeMap<String, Vec<String>> = plan
+        .tables
+        .iter()
+        .map(|t| {
+            let written = entries
+                .get(t)
+                .map(|e| e.columns.as_slice())
+                .unwrap_or_default();
+            (t.clone(), rewrite::widened(written, &shapes[t]))
+        })
+        .collect();
     summary.seqs = Some((plan.from_seq, plan.to_seq));
     summary.objects = plan.files.iter().map(|f| f.objects.len()).sum();
     summary.bytes_in = plan
@@ -369,8 +386,10 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
         let shape = &shapes[table];
         let entry = entries.get(table).cloned().unwrap_or_default();
         let spooled = spool.table(table);
-        if shape.key.is_empty() || (spooled.is_none() && compacted[table].latest.is_some()) {
-            // No key (REPLICA IDENTITY NOTHING): a history only. Or no change.
+        let unchanged = spooled.is_none() && widened[table].is_empty();
+        if shape.key.is_empty() || (unchanged && compacted[table].latest.is_some()) {
+            // No key (REPLICA IDENTITY NOTHING): a history only. Or no
+            // change, in values or in types.
             continue;
         }
         let buckets = bucket_count(&entry, spooled, config.compact.merge_bytes);
@@ -446,7 +465,7 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
         let history_done = c.history.as_ref().and_then(|h| h.seq).unwrap_or(0);
         if c.history.is_none() || history_done < plan.to_seq {
             // Files of a run stopped before its latest commit: replaced.
-            let removes = match &c.history {
+            let mut removes: Vec<String> = match &c.history {
                 Some(h) if h.seq.is_some_and(|s| s >= start) => h
                     .files
                     .iter()
@@ -455,6 +474,31 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
                     .collect(),
                 _ => Vec::new(),
             };
+            let mut adds = history_adds.remove(table).unwrap_or_default();
+            // Files in a column's narrower type: replaced by copies in the
+            // wider one (see `rewrite`).
+            if let Some(h) = c.history.as_ref().filter(|_| !widened[table].is_empty()) {
+                let earlier: Vec<delta::DataFile> = h
+                    .files
+                    .iter()
+                    .filter(|f| !removes.contains(&f.path))
+                    .cloned()
+                    .collect();
+                tracing::info!(%table, files = earlier.len(), columns = ?widened[table], "rewriting the history in the wider types");
+                let history_props = history::history_properties(props.clone());
+                let copies = rewrite::rewrite_history(
+                    &output,
+                    prefix,
+                    shape,
+                    &earlier,
+                    &run_id,
+                    &history_props,
+                )
+                .await?;
+                summary.rewritten += copies.len();
+                removes.extend(earlier.into_iter().map(|f| f.path));
+                adds.extend(copies);
+            }
             let txns = compacted::date_txns(&app, last_date.as_deref());
             delta::commit(
                 &loc,
@@ -465,7 +509,7 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
                     role: Role::History,
                     app_id: &app,
                     seq: plan.to_seq,
-                    adds: history_adds.remove(table).unwrap_or_default(),
+                    adds,
                     removes,
                     buckets: 1,
                     info: info(),
@@ -935,6 +979,12 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
             HumanBytes(s.bytes_in),
             HumanBytes(s.history_bytes + s.latest_bytes)
         ));
+        if s.rewritten > 0 {
+            out.push_str(&format!(
+                "  rewrote  {} earlier history files in their columns' wider types\n",
+                s.rewritten
+            ));
+        }
         out.push_str(&format!(
             "  delta    {} commits in {:.2} s\n",
             s.commits,
