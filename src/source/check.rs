@@ -6,6 +6,7 @@ use tokio_postgres::Client;
 use crate::config::SourceConfig;
 use crate::source;
 use crate::source::replication::{ReplicationConnection, ReplicationError};
+use crate::source::setup::{PARTITION_ROOT_VERSION, PARTITIONED_FIX, partitioned_refusal};
 use crate::source::tls::NEEDS_TLS_HINT;
 use crate::sql::{quote_ident, quote_literal};
 
@@ -225,7 +226,8 @@ async fn sql_checks(
                 "SELECT c.relreplident::text,
                         EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
                         EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident),
-                        has_table_privilege(c.oid, 'SELECT')
+                        has_table_privilege(c.oid, 'SELECT'),
+                        c.relkind = 'p'
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                  WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
                 &[&t.schema, &t.name],
@@ -242,9 +244,18 @@ async fn sql_checks(
             continue;
         };
         let ident: String = row.get(0);
-        let (has_pk, has_ident_index, can_select): (bool, bool, bool) =
-            (row.get(1), row.get(2), row.get(3));
+        let (has_pk, has_ident_index, can_select, partitioned): (bool, bool, bool, bool) =
+            (row.get(1), row.get(2), row.get(3), row.get(4));
         let q = t.quoted();
+        if partitioned && version_num < PARTITION_ROOT_VERSION {
+            out.push(Finding::with(
+                Status::Fail,
+                name,
+                partitioned_refusal(&t.to_string(), &version),
+                PARTITIONED_FIX,
+            ));
+            continue;
+        }
         out.push(match ident.as_str() {
             "d" if has_pk => Finding::pass(name, "primary key"),
             "i" if has_ident_index => Finding::pass(name, "replica identity index"),
@@ -309,13 +320,20 @@ async fn sql_checks(
         });
     }
 
-    // Decoding memory (advice only).
+    // Decoding memory (advice only; the setting came with 13).
     let work_mem = client
-        .query_one(
+        .query_opt(
             "SELECT setting::bigint FROM pg_settings WHERE name = 'logical_decoding_work_mem'",
             &[],
         )
         .await?;
+    let Some(work_mem) = work_mem else {
+        out.push(Finding::pass(
+            "logical_decoding_work_mem",
+            format!("not in {version}: large transactions are decoded through the server's disk"),
+        ));
+        return Ok(());
+    };
     let kb: i64 = work_mem.get(0);
     out.push(if kb >= ADVISED_DECODING_WORK_MEM_KB {
         Finding::pass("logical_decoding_work_mem", format!("{} MB", kb / 1024))

@@ -10,24 +10,53 @@ use crate::config::{SourceConfig, TableName};
 use crate::sql::quote_ident;
 use crate::{Error, Result};
 
+/// The first server version whose publications take a partitioned table
+/// (`publish_via_partition_root`, so its partitions' changes carry its name).
+pub const PARTITION_ROOT_VERSION: i64 = 130000;
+
+/// What to do about a partitioned table on a server older than
+/// [`PARTITION_ROOT_VERSION`].
+pub const PARTITIONED_FIX: &str = "list its partitions in source.tables instead (their changes then carry the partitions' names), or upgrade to PostgreSQL 13 or later";
+
+/// Why a partitioned table cannot be archived from `version`.
+pub fn partitioned_refusal(table: &str, version: &str) -> String {
+    format!(
+        "{table} is a partitioned table, and PostgreSQL {version} cannot publish one (13 and later can)"
+    )
+}
+
 /// Makes the publication exist and publish exactly the configured tables.
 pub async fn ensure_publication(client: &Client, source: &SourceConfig) -> Result<()> {
+    let (version, version_text): (i32, String) = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
+            &[],
+        )
+        .await
+        .map_err(|e| Error::postgres("reading the server version", e))
+        .map(|r| (r.get(0), r.get(1)))?;
     for t in &source.tables {
-        let exists = client
+        let kind = client
             .query_opt(
-                "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                "SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                  WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
                 &[&t.schema, &t.name],
             )
             .await
             .map_err(|e| Error::postgres("looking up the configured tables", e))?;
-        if exists.is_none() {
+        let Some(kind) = kind else {
             return Err(Error::fatal(
                 format!("table {t} does not exist"),
                 format!(
                     "create it, or remove {:?} from source.tables",
                     t.config_form()
                 ),
+            ));
+        };
+        if kind.get::<_, String>(0) == "p" && i64::from(version) < PARTITION_ROOT_VERSION {
+            return Err(Error::fatal(
+                partitioned_refusal(&t.to_string(), &version_text),
+                PARTITIONED_FIX,
             ));
         }
     }
@@ -48,12 +77,7 @@ pub async fn ensure_publication(client: &Client, source: &SourceConfig) -> Resul
     match existing {
         None => {
             // Changes to partitions carry the partitioned table's name (13+).
-            let version: i32 = client
-                .query_one("SELECT current_setting('server_version_num')::int", &[])
-                .await
-                .map_err(|e| Error::postgres("reading the server version", e))?
-                .get(0);
-            let with = if version >= 130000 {
+            let with = if i64::from(version) >= PARTITION_ROOT_VERSION {
                 " WITH (publish_via_partition_root = true)"
             } else {
                 ""

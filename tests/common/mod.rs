@@ -99,6 +99,17 @@ impl TestDb {
         TestDb { name, url, client }
     }
 
+    /// The server's `server_version_num`, e.g. 150004: tests of what
+    /// differs between majors branch on it (see scripts/test-matrix.sh).
+    pub async fn server_version(&self) -> i64 {
+        let row = self
+            .client
+            .query_one("SELECT current_setting('server_version_num')::bigint", &[])
+            .await
+            .unwrap();
+        row.get(0)
+    }
+
     pub async fn exec(&self, sql: &str) {
         self.client
             .batch_execute(sql)
