@@ -9,8 +9,8 @@
 #   - the fidelity suite (every type's JSON form, TOAST, replica identities,
 #     truncate, partitions, DDL, large transactions: streamed while in
 #     progress from 14, decoded through the server's disk on 12 and 13)
-#   - backfill while writes go on, and resumed after kill -9 (14 and later:
-#     its watermarks are logical messages, which pgoutput passes on from 14)
+#   - backfill while writes go on, and resumed after kill -9 (watermarks as
+#     logical messages from 14, as rows of a watermark table on 12 and 13)
 # Uses the other services (SeaweedFS, the readers) from the environment that
 # scripts/services.sh prints, and starts them itself when that is not set.
 # Usage: scripts/test-matrix.sh                 (majors 12 13 14 16 17 18)
@@ -49,8 +49,7 @@ for major in $majors; do
   bin=$(scripts/pg-install.sh "$major")
   url=$(PG_BIN=$bin PG_ROOT=$base/waltail-pg-matrix PG_PORT=55470 scripts/pg-start.sh)
   started=$bin
-  filter=$every
-  [ "$major" -ge 14 ] && filter="$filter | $backfill"
+  filter="$every | $backfill"
   echo "=== PostgreSQL $major ($("$bin/postgres" --version)) ===" >&2
   WT_TEST_PG=$url run_tests "$filter" || failed="$failed $major"
   PG_BIN=$bin PG_ROOT=$base/waltail-pg-matrix scripts/pg-stop.sh

@@ -211,6 +211,37 @@ async fn backfill_while_writes_go_on() {
         reads.len()
     );
     assert_read_once(&reads);
+    // Before 14 the watermarks are rows of a table in the publication:
+    // none is archived, and the table keeps only the last one.
+    assert!(
+        changes
+            .iter()
+            .all(|c| c["table"] != "public.waltail_watermarks"),
+        "a watermark row was archived"
+    );
+    let exists: bool = db
+        .client
+        .query_one(
+            "SELECT to_regclass('public.waltail_watermarks') IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let watermark_rows = if exists {
+        db.client
+            .query_one("SELECT count(*)::int FROM public.waltail_watermarks", &[])
+            .await
+            .unwrap()
+            .get::<_, i32>(0)
+    } else {
+        -1
+    };
+    if db.server_version().await < 140000 {
+        assert_eq!(watermark_rows, 1, "the table keeps the last watermark");
+    } else {
+        assert_eq!(watermark_rows, -1, "14+ writes logical messages, no table");
+    }
     run.stop();
     db.drop_db().await;
 }

@@ -5,6 +5,7 @@ use tokio_postgres::Client;
 
 use crate::config::SourceConfig;
 use crate::source;
+use crate::source::backfill::{MESSAGES_VERSION, WATERMARK_TABLE, watermark_table};
 use crate::source::replication::{ReplicationConnection, ReplicationError};
 use crate::source::setup::{PARTITION_ROOT_VERSION, PARTITIONED_FIX, partitioned_refusal};
 use crate::source::tls::NEEDS_TLS_HINT;
@@ -315,6 +316,43 @@ async fn sql_checks(
                 format!(
                     "GRANT CREATE ON DATABASE {} TO {};  (the role must also own the tables), or create it yourself: CREATE PUBLICATION {} FOR TABLE ...;",
                     quote_ident(&db), quote_ident(&user), quote_ident(&source.publication)
+                ),
+            )
+        });
+    }
+
+    // Backfill's watermarks before 14: rows of a table the first backfill
+    // creates (see `backfill::WATERMARK_TABLE`).
+    if version_num < MESSAGES_VERSION {
+        let table = watermark_table();
+        let name = "backfill watermarks";
+        let exists: bool = client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+            .await?
+            .get(0);
+        let can_create: bool = client
+            .query_one(
+                "SELECT has_schema_privilege($1, 'CREATE')",
+                &[&WATERMARK_TABLE.0],
+            )
+            .await?
+            .get(0);
+        out.push(if exists {
+            Finding::pass(name, format!("{table} exists"))
+        } else if can_create || superuser {
+            Finding::pass(
+                name,
+                format!("{version} has no logical messages in pgoutput: the first backfill creates {table} and adds it to the publication"),
+            )
+        } else {
+            Finding::with(
+                Status::Warn,
+                name,
+                format!("{version} has no logical messages in pgoutput, so backfill needs the table {table}, which role {user} may not create (streaming does not need it)"),
+                format!(
+                    "GRANT CREATE ON SCHEMA {0} TO {1};  or create it yourself: CREATE TABLE {table} (id bigserial PRIMARY KEY, content text NOT NULL); ALTER TABLE {table} OWNER TO {1};",
+                    quote_ident(WATERMARK_TABLE.0),
+                    quote_ident(&user)
                 ),
             )
         });

@@ -7,6 +7,7 @@
 use tokio_postgres::Client;
 
 use crate::config::{SourceConfig, TableName};
+use crate::source::backfill::WATERMARK_TABLE;
 use crate::sql::quote_ident;
 use crate::{Error, Result};
 
@@ -112,12 +113,20 @@ pub async fn ensure_publication(client: &Client, source: &SourceConfig) -> Resul
                 .collect();
             have.sort();
             let mut want = source.tables.clone();
+            // A backfill's watermark table stays (see `backfill::WATERMARK_TABLE`).
+            let watermarks = TableName {
+                schema: WATERMARK_TABLE.0.to_string(),
+                name: WATERMARK_TABLE.1.to_string(),
+            };
+            let mut set_list = table_list.clone();
+            if have.contains(&watermarks) && !want.contains(&watermarks) {
+                set_list = format!("{set_list}, {}", watermarks.quoted());
+                want.push(watermarks);
+            }
             want.sort();
             if have != want {
                 client
-                    .batch_execute(&format!(
-                        "ALTER PUBLICATION {pubname} SET TABLE {table_list}"
-                    ))
+                    .batch_execute(&format!("ALTER PUBLICATION {pubname} SET TABLE {set_list}"))
                     .await
                     .map_err(|e| Error::postgres(format!("updating publication {pubname}"), e))?;
                 tracing::info!(publication = %source.publication, tables = %table_list, "updated the publication's tables");

@@ -15,6 +15,7 @@ use tokio::sync::{Notify, mpsc};
 use crate::envelope::{Change, Op, RowSet, TableRef, table_hash};
 use crate::lsn;
 use crate::row_identity::{KeyValue, RowHasher};
+use crate::source::backfill::WATERMARK_TABLE;
 use crate::source::catalog::{ColumnType, Render, TypeCatalog};
 use crate::source::pgoutput::{self, ColumnValue, LogicalMessage, OldTuple, Relation, TupleData};
 use crate::source::replication::{ReplicationMessage, ReplicationStream};
@@ -104,6 +105,10 @@ pub struct Decoder {
     msg_xid: Option<u32>,
     streams: StreamBuffers,
     emitting: Option<Emitting>,
+    /// Relations that are the backfill watermark table (servers before 14;
+    /// see `backfill::WATERMARK_TABLE`), with the place of their `content`
+    /// column: an insert is a watermark, nothing of them is archived.
+    watermark_rels: HashMap<u32, usize>,
 }
 
 impl Decoder {
@@ -119,6 +124,7 @@ impl Decoder {
             msg_xid: None,
             streams: StreamBuffers::new(spill, MEMORY_BUDGET)?,
             emitting: None,
+            watermark_rels: HashMap::new(),
         })
     }
 
@@ -201,6 +207,28 @@ impl Decoder {
                     out.push(SourceEvent::Commit { end_lsn });
                 }
             }
+            LogicalMessage::Relation(rel)
+                if (rel.namespace.as_str(), rel.name.as_str()) == WATERMARK_TABLE =>
+            {
+                let content = rel
+                    .columns
+                    .iter()
+                    .position(|c| c.name == "content")
+                    .ok_or_else(|| protocol("the watermark table has no content column"))?;
+                self.resolved.remove(&rel.rel_id);
+                self.watermark_rels.insert(rel.rel_id, content);
+            }
+            LogicalMessage::Insert { rel_id, new } if self.watermark_rels.contains_key(&rel_id) => {
+                let content = match new.0.get(self.watermark_rels[&rel_id]) {
+                    Some(ColumnValue::Text(t) | ColumnValue::Binary(t)) => t.clone(),
+                    _ => return Err(protocol("a watermark row without content")),
+                };
+                self.watermark(content, out);
+            }
+            LogicalMessage::Update { rel_id, .. } | LogicalMessage::Delete { rel_id, .. }
+                if self.watermark_rels.contains_key(&rel_id) => {}
+            LogicalMessage::Truncate { rel_ids, .. }
+                if rel_ids.iter().all(|r| self.watermark_rels.contains_key(r)) => {}
             LogicalMessage::Relation(rel) => {
                 let types = self.resolved.remove(&rel.rel_id).unwrap_or_default();
                 let (info, schema) = relation_info(&rel, &types);
@@ -253,7 +281,11 @@ impl Decoder {
                 })?;
             }
             LogicalMessage::Truncate { rel_ids, .. } => {
-                for rel_id in rel_ids {
+                let archived: Vec<u32> = rel_ids
+                    .into_iter()
+                    .filter(|r| !self.watermark_rels.contains_key(r))
+                    .collect();
+                for rel_id in archived {
                     self.change(rel_id, out, |rel| {
                         Ok((Op::Truncate, None, None, table_hash(&rel.table), None))
                     })?;
@@ -291,13 +323,7 @@ impl Decoder {
                 content,
                 ..
             } if prefix == MESSAGE_PREFIX && self.in_stream.is_none() => {
-                if let Some(txn) = self.txn.as_ref().filter(|t| !t.skip) {
-                    out.push(SourceEvent::Watermark {
-                        content,
-                        commit_lsn: txn.commit_lsn,
-                        commit_ts: txn.commit_ts,
-                    });
-                }
+                self.watermark(content, out);
             }
             // Origins, custom type names and other logical messages carry no row changes.
             LogicalMessage::Origin { .. }
@@ -305,6 +331,22 @@ impl Decoder {
             | LogicalMessage::Message { .. } => {}
         }
         Ok(())
+    }
+
+    /// A backfill watermark (a logical message, or a row of the watermark
+    /// table) at its place in the transaction; none in a streamed one (a
+    /// watermark is committed on its own) or one already confirmed.
+    fn watermark(&self, content: bytes::Bytes, out: &mut Vec<SourceEvent>) {
+        if self.in_stream.is_some() {
+            return;
+        }
+        if let Some(txn) = self.txn.as_ref().filter(|t| !t.skip) {
+            out.push(SourceEvent::Watermark {
+                content,
+                commit_lsn: txn.commit_lsn,
+                commit_ts: txn.commit_ts,
+            });
+        }
     }
 
     #[allow(clippy::type_complexity)]

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::{
-    Estimate, Mark, check_server, configured_table, connect, emit, estimate, plan, read_chunk,
+    Estimate, Mark, check_server, configured_table, connect, emit, ensure_watermark_table,
+    estimate, plan, read_chunk,
 };
 use crate::checkpoint::{Backfill, Checkpoint};
 use crate::config::{Config, TableName};
@@ -74,7 +75,6 @@ pub async fn backfill(
             .collect::<Result<_>>()?
     };
     let client = connect(&config.source).await?;
-    check_server(&client).await?;
     let mut catalog = TypeCatalog::new(Some(client));
     let mut ids = Vec::new();
     let mut new = Vec::new();
@@ -268,8 +268,9 @@ async fn watch(
 async fn cancel(config: &Config, state: &mut Checkpoint) -> Result<ExitCode> {
     let n = state.cancel_backfills()?;
     let client = connect(&config.source).await?;
-    check_server(&client).await?;
-    emit(&client, &config.pipeline, 0, Mark::Abort).await?;
+    let server = check_server(&client).await?;
+    ensure_watermark_table(&client, server, &config.source).await?;
+    emit(&client, server, &config.pipeline, 0, Mark::Abort).await?;
     println!("cancelled {n} backfill(s)");
     Ok(ExitCode::SUCCESS)
 }

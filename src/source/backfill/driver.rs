@@ -10,8 +10,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::{
-    Mark, check_server, connect, emit, in_progress, plan, read_chunk, sessions_of,
-    still_in_progress,
+    Mark, Server, check_server, connect, emit, ensure_watermark_table, in_progress, plan,
+    read_chunk, sessions_of, still_in_progress,
 };
 use crate::checkpoint::{Backfill, Checkpoint};
 use crate::config::{Config, TableName};
@@ -89,7 +89,8 @@ async fn run(config: Arc<Config>, mut completed: watch::Receiver<i64>) {
 async fn work(config: &Config, completed: &mut watch::Receiver<i64>) -> Result<()> {
     let mut state = Checkpoint::open(&config.state_file())?;
     let client = connect(&config.source).await?;
-    check_server(&client).await?;
+    let server = check_server(&client).await?;
+    ensure_watermark_table(&client, server, &config.source).await?;
     let mut catalog = TypeCatalog::new(Some(client));
     while let Some(backfill) = state.next_backfill()? {
         let table = TableName {
@@ -111,6 +112,7 @@ async fn work(config: &Config, completed: &mut watch::Receiver<i64>) -> Result<(
         }
         if let Err(e) = chunks(
             config,
+            server,
             &mut state,
             &mut catalog,
             &table,
@@ -156,6 +158,7 @@ const LOOKAHEAD: usize = 2;
 /// backfill is cancelled.
 async fn chunks(
     config: &Config,
+    server: Server,
     state: &mut Checkpoint,
     catalog: &mut TypeCatalog,
     table: &TableName,
@@ -168,7 +171,7 @@ async fn chunks(
     // would be emitted twice. An abort marker after them lets the pipeline
     // pass them (completing those whose high watermark came) before going on.
     if let Some(chunk) = state.unfinished_chunk(id)? {
-        emit(client, &config.pipeline, chunk, Mark::Abort).await?;
+        emit(client, server, &config.pipeline, chunk, Mark::Abort).await?;
         if completed.wait_for(|c| *c >= chunk).await.is_err() {
             return Ok(());
         }
@@ -195,11 +198,11 @@ async fn chunks(
         let client = catalog.client().expect("the catalog has a client");
         let chunk = state.new_chunk(id)?;
         let started = std::time::Instant::now();
-        emit(client, &config.pipeline, chunk, Mark::Low).await?;
+        emit(client, server, &config.pipeline, chunk, Mark::Low).await?;
         let mut read_took = std::time::Duration::ZERO;
         let read = async {
-            let xids = in_progress(client).await?;
-            match wait_for(client, state, table, id, xids, Some(WINDOW_WAIT)).await? {
+            let xids = in_progress(client, server).await?;
+            match wait_for(client, server, state, table, id, xids, Some(WINDOW_WAIT)).await? {
                 Waited::Ended => {}
                 Waited::Cancelled => return Ok(Chunk::Cancelled),
                 Waited::TimedOut(xids) => return Ok(Chunk::Busy(xids)),
@@ -219,20 +222,20 @@ async fn chunks(
         let rows = match read {
             Ok(Chunk::Read(rows)) => rows,
             Ok(Chunk::Cancelled) => {
-                emit(client, &config.pipeline, chunk, Mark::Abort).await?;
+                emit(client, server, &config.pipeline, chunk, Mark::Abort).await?;
                 return Ok(());
             }
             Ok(Chunk::Busy(xids)) => {
                 // The window closed, so the slot is not held at its low
                 // watermark while the wait goes on; then a new chunk reads
                 // from the same key.
-                emit(client, &config.pipeline, chunk, Mark::Abort).await?;
+                emit(client, server, &config.pipeline, chunk, Mark::Abort).await?;
                 tracing::info!(
                     table = %table,
                     chunk,
                     "a backfill chunk gave up its window after {WINDOW_WAIT:?} of waiting for transactions in progress; it starts again once they have ended"
                 );
-                let waited = wait_for(client, state, table, id, xids, None).await?;
+                let waited = wait_for(client, server, state, table, id, xids, None).await?;
                 if matches!(waited, Waited::Cancelled) {
                     return Ok(());
                 }
@@ -241,11 +244,11 @@ async fn chunks(
             Err(e) => {
                 // Closes the window now rather than at the next chunk, so
                 // the slot is not held at the low watermark meanwhile.
-                let _ = emit(client, &config.pipeline, chunk, Mark::Abort).await;
+                let _ = emit(client, server, &config.pipeline, chunk, Mark::Abort).await;
                 return Err(e);
             }
         };
-        emit(client, &config.pipeline, chunk, Mark::High).await?;
+        emit(client, server, &config.pipeline, chunk, Mark::High).await?;
         tracing::debug!(chunk, rows = rows.rows.len(), read = ?read_took, took = ?started.elapsed(), "backfill chunk read and stored");
         ahead.push_back(chunk);
         if rows.is_last {
@@ -284,6 +287,7 @@ enum Waited {
 /// if the backfill is cancelled meanwhile.
 async fn wait_for(
     client: &tokio_postgres::Client,
+    server: Server,
     state: &mut Checkpoint,
     table: &TableName,
     id: i64,
@@ -294,7 +298,7 @@ async fn wait_for(
     let mut told: Option<std::time::Instant> = None;
     let mut pause = Duration::from_millis(1);
     loop {
-        xids = still_in_progress(client, &xids).await?;
+        xids = still_in_progress(client, server, &xids).await?;
         if xids.is_empty() {
             return Ok(Waited::Ended);
         }

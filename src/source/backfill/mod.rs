@@ -28,8 +28,14 @@
 //! confirmed. After a restart the stream brings both watermarks again and
 //! the same rows come out with the same seqs and bytes.
 //!
-//! Logical messages reach pgoutput from PostgreSQL 14 on (the `messages`
-//! option), so backfill needs 14+.
+//! The watermarks are logical messages from PostgreSQL 14 on, where
+//! pgoutput passes them on (the `messages` option). On 12 and 13 they are
+//! rows inserted into a watermark table, [`WATERMARK_TABLE`], which joins
+//! the publication (the approach of Debezium's signalling table): each
+//! insert is committed on its own and reaches the stream in commit order
+//! like a message; the stream turns it into the same watermark and never
+//! archives the table's changes. Each insert deletes the rows before it, so
+//! the table stays empty but for the last watermark.
 
 pub mod command;
 pub mod driver;
@@ -46,8 +52,43 @@ use crate::source::stream::{MESSAGE_PREFIX, TableShape};
 use crate::sql::{quote_ident, quote_literal};
 use crate::{Error, Result};
 
-/// The first server version whose pgoutput passes logical messages on.
-pub const MIN_SERVER_VERSION: i64 = 140000;
+/// The first server version whose pgoutput passes logical messages on;
+/// older servers get their watermarks through [`WATERMARK_TABLE`].
+pub const MESSAGES_VERSION: i64 = 140000;
+/// The table whose rows are the watermarks on servers older than
+/// [`MESSAGES_VERSION`] (schema, name): created by the first backfill,
+/// shared by every pipeline of the database (a watermark names its
+/// pipeline).
+pub const WATERMARK_TABLE: (&str, &str) = ("public", "waltail_watermarks");
+
+/// The watermark table's name, quoted for SQL.
+pub fn watermark_table() -> String {
+    format!(
+        "{}.{}",
+        quote_ident(WATERMARK_TABLE.0),
+        quote_ident(WATERMARK_TABLE.1)
+    )
+}
+
+/// What a backfill can use on the source server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Server {
+    /// `server_version_num`, e.g. 140005.
+    pub version: i64,
+}
+
+impl Server {
+    /// Whether watermarks are logical messages (else rows of the table).
+    pub fn has_messages(self) -> bool {
+        self.version >= MESSAGES_VERSION
+    }
+
+    /// Whether the `xid8` snapshot functions exist (13+); 12 has their
+    /// `txid_*` forerunners, which take and give `bigint`.
+    fn has_xid8(self) -> bool {
+        self.version >= 130000
+    }
+}
 /// A chunk also ends at this many bytes of rendered rows, so wide rows keep
 /// the memory of a chunk (read here, re-read by the pipeline) bounded.
 const MAX_CHUNK_BYTES: usize = 16 << 20;
@@ -73,21 +114,103 @@ pub enum Mark {
     Abort,
 }
 
-/// Writes a watermark into the WAL, in its own transaction.
-pub async fn emit(client: &Client, pipeline: &str, chunk: i64, mark: Mark) -> Result<()> {
+/// Writes a watermark into the WAL, in its own transaction: a logical
+/// message, or on an older server a row of [`WATERMARK_TABLE`] (the rows
+/// before it deleted in the same statement).
+pub async fn emit(
+    client: &Client,
+    server: Server,
+    pipeline: &str,
+    chunk: i64,
+    mark: Mark,
+) -> Result<()> {
     let content = serde_json::to_string(&Watermark {
         pipeline: pipeline.to_string(),
         chunk,
         mark,
     })
     .expect("a watermark serialises");
+    let written = if server.has_messages() {
+        client
+            .execute(
+                "SELECT pg_logical_emit_message(true, $1, $2)",
+                &[&MESSAGE_PREFIX, &content],
+            )
+            .await
+    } else {
+        let table = watermark_table();
+        client
+            .execute(
+                &format!(
+                    "WITH gone AS (DELETE FROM {table}) INSERT INTO {table} (content) VALUES ($1)"
+                ),
+                &[&content],
+            )
+            .await
+    };
+    written.map_err(|e| Error::postgres("writing a backfill watermark", e))?;
+    Ok(())
+}
+
+/// On a server older than [`MESSAGES_VERSION`]: creates
+/// [`WATERMARK_TABLE`] if it is missing and adds it to the pipeline's
+/// publication if it is not there, so the stream sees its rows. Nothing on
+/// a newer server.
+pub async fn ensure_watermark_table(
+    client: &Client,
+    server: Server,
+    source: &SourceConfig,
+) -> Result<()> {
+    if server.has_messages() {
+        return Ok(());
+    }
+    let table = watermark_table();
+    let fix = || {
+        format!(
+            "the role needs CREATE on schema {0} (GRANT CREATE ON SCHEMA {0} TO <role>;), or create the table yourself and give it to the role: CREATE TABLE {table} (id bigserial PRIMARY KEY, content text NOT NULL); ALTER TABLE {table} OWNER TO <role>;",
+            quote_ident(WATERMARK_TABLE.0)
+        )
+    };
     client
-        .execute(
-            "SELECT pg_logical_emit_message(true, $1, $2)",
-            &[&MESSAGE_PREFIX, &content],
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY, content text NOT NULL)"
+        ))
+        .await
+        .map_err(|e| {
+            Error::fatal(
+                format!("cannot create the backfill watermark table {table}: {e}"),
+                fix(),
+            )
+        })?;
+    let published: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication p
+                 WHERE p.pubname = $1 AND (p.puballtables OR EXISTS (
+                     SELECT 1 FROM pg_publication_tables t
+                     WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3)))",
+            &[&source.publication, &WATERMARK_TABLE.0, &WATERMARK_TABLE.1],
         )
         .await
-        .map_err(|e| Error::postgres("writing a backfill watermark", e))?;
+        .map_err(|e| Error::postgres("looking up the publication's tables", e))?
+        .get(0);
+    if !published {
+        client
+            .batch_execute(&format!(
+                "ALTER PUBLICATION {} ADD TABLE {table}",
+                quote_ident(&source.publication)
+            ))
+            .await
+            .map_err(|e| {
+                Error::fatal(
+                    format!(
+                        "cannot add the backfill watermark table {table} to publication {}: {e}",
+                        source.publication
+                    ),
+                    format!("the role must own the table and the publication; {}", fix()),
+                )
+            })?;
+        tracing::info!(table = %table, publication = %source.publication, "added the backfill watermark table to the publication (PostgreSQL before 14 has no logical messages in pgoutput)");
+    }
     Ok(())
 }
 
@@ -107,20 +230,28 @@ pub async fn emit(client: &Client, pipeline: &str, chunk: i64, mark: Mark) -> Re
 /// window or after it, as the scheme expects. (PostgreSQL waits similarly,
 /// for every running transaction, before it exports the snapshot of a new
 /// replication slot.)
-pub async fn in_progress(client: &Client) -> Result<Vec<String>> {
+pub async fn in_progress(client: &Client, server: Server) -> Result<Vec<String>> {
     // A snapshot's list stops at its xmax, one past the newest finished xid:
     // a transaction with a newer xid is in progress but not listed. An xid
     // taken and finished now, after the watermark, moves xmax past every
     // transaction that committed before the watermark (their xids are older).
+    let (take, list) = if server.has_xid8() {
+        (
+            "SELECT pg_current_xact_id()",
+            "SELECT COALESCE(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x",
+        )
+    } else {
+        (
+            "SELECT txid_current()",
+            "SELECT COALESCE(array_agg(x::text), '{}') FROM txid_snapshot_xip(txid_current_snapshot()) x",
+        )
+    };
     client
-        .batch_execute("SELECT pg_current_xact_id()")
+        .batch_execute(take)
         .await
         .map_err(|e| Error::postgres("taking a transaction id", e))?;
     client
-        .query_one(
-            "SELECT COALESCE(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x",
-            &[],
-        )
+        .query_one(list, &[])
         .await
         .map(|r| r.get(0))
         .map_err(|e| Error::postgres("listing the transactions in progress", e))
@@ -133,15 +264,26 @@ pub async fn in_progress(client: &Client) -> Result<Vec<String>> {
 /// transaction does not hold the backfill). Sessions of other users, whose
 /// state the configured user may not see, and prepared transactions are
 /// waited for.
-pub async fn still_in_progress(client: &Client, xids: &[String]) -> Result<Vec<String>> {
+pub async fn still_in_progress(
+    client: &Client,
+    server: Server,
+    xids: &[String],
+) -> Result<Vec<String>> {
+    let visible = if server.has_xid8() {
+        "pg_visible_in_snapshot(x::xid8, pg_current_snapshot())"
+    } else {
+        "txid_visible_in_snapshot(x::bigint, txid_current_snapshot())"
+    };
     client
         .query_one(
-            "SELECT COALESCE(array_agg(x), '{}') FROM unnest($1::text[]) x
-             WHERE NOT pg_visible_in_snapshot(x::xid8, pg_current_snapshot())
+            &format!(
+                "SELECT COALESCE(array_agg(x), '{{}}') FROM unnest($1::text[]) x
+             WHERE NOT {visible}
                AND NOT EXISTS (
                    SELECT 1 FROM pg_stat_activity a
                    WHERE a.backend_xid::text = (x::numeric % 4294967296)::text
-                     AND a.state IN ('idle in transaction', 'idle in transaction (aborted)'))",
+                     AND a.state IN ('idle in transaction', 'idle in transaction (aborted)'))"
+            ),
             &[&xids],
         )
         .await
@@ -190,25 +332,14 @@ pub async fn connect(source: &SourceConfig) -> Result<Client> {
     Ok(client)
 }
 
-/// Refuses servers without logical messages in pgoutput.
-pub async fn check_server(client: &Client) -> Result<()> {
+/// What a backfill can use on the server (see [`Server`]).
+pub async fn check_server(client: &Client) -> Result<Server> {
     let version: i64 = client
         .query_one("SELECT current_setting('server_version_num')::bigint", &[])
         .await
         .map_err(|e| Error::postgres("reading the server version", e))?
         .get(0);
-    if version < MIN_SERVER_VERSION {
-        return Err(Error::fatal(
-            format!(
-                "backfill needs PostgreSQL 14 or later (this server is {}.{}): its watermarks are logical \
-                 messages, which pgoutput passes on from 14",
-                version / 10000,
-                version % 10000 / 100
-            ),
-            "upgrade the server; or load the existing rows with a one-off COPY into the archive",
-        ));
-    }
-    Ok(())
+    Ok(Server { version })
 }
 
 /// How one table is read: its columns as the stream sees them, and the key
