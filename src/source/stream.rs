@@ -638,3 +638,91 @@ pub async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REL: u32 = 16_401;
+
+    fn xlog(bytes: Vec<u8>) -> ReplicationMessage {
+        ReplicationMessage::XLogData {
+            wal_start: 0x100,
+            wal_end: 0x200,
+            server_clock: 0,
+            data: bytes::Bytes::from(bytes),
+        }
+    }
+
+    fn cstr(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(s.as_bytes());
+        out.push(0);
+    }
+
+    fn tuple(out: &mut Vec<u8>, values: &[&str]) {
+        out.extend_from_slice(&(values.len() as u16).to_be_bytes());
+        for v in values {
+            out.push(b't');
+            out.extend_from_slice(&(v.len() as i32).to_be_bytes());
+            out.extend_from_slice(v.as_bytes());
+        }
+    }
+
+    /// A watermark transaction as PostgreSQL 12 and 13 send it: the
+    /// table's Relation, then the delete of the previous row and the
+    /// insert of the new one.
+    #[test]
+    fn rows_of_the_watermark_table_are_watermarks_and_never_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut decoder = Decoder::new(0, dir.path()).unwrap();
+        let mut events = Vec::new();
+        let mut relation = vec![b'R'];
+        relation.extend_from_slice(&REL.to_be_bytes());
+        cstr(&mut relation, WATERMARK_TABLE.0);
+        cstr(&mut relation, WATERMARK_TABLE.1);
+        relation.push(b'd');
+        relation.extend_from_slice(&2u16.to_be_bytes());
+        for (flags, name, oid) in [(1u8, "id", 20u32), (0, "content", 25)] {
+            relation.push(flags);
+            cstr(&mut relation, name);
+            relation.extend_from_slice(&oid.to_be_bytes());
+            relation.extend_from_slice(&(-1i32).to_be_bytes());
+        }
+        let mut begin = vec![b'B'];
+        begin.extend_from_slice(&0x180u64.to_be_bytes());
+        begin.extend_from_slice(&0i64.to_be_bytes());
+        begin.extend_from_slice(&7u32.to_be_bytes());
+        let mut delete = vec![b'D'];
+        delete.extend_from_slice(&REL.to_be_bytes());
+        delete.push(b'K');
+        tuple(&mut delete, &["6", ""]);
+        let content = r#"{"pipeline":"p","chunk":3,"mark":"low"}"#;
+        let mut insert = vec![b'I'];
+        insert.extend_from_slice(&REL.to_be_bytes());
+        insert.push(b'N');
+        tuple(&mut insert, &["7", content]);
+        let mut truncate = vec![b'T'];
+        truncate.extend_from_slice(&1u32.to_be_bytes());
+        truncate.push(0);
+        truncate.extend_from_slice(&REL.to_be_bytes());
+        let mut commit = vec![b'C', 0];
+        commit.extend_from_slice(&0x180u64.to_be_bytes());
+        commit.extend_from_slice(&0x190u64.to_be_bytes());
+        commit.extend_from_slice(&0i64.to_be_bytes());
+        for m in [relation, begin, delete, insert, truncate, commit] {
+            decoder.handle(xlog(m), &mut events).unwrap();
+        }
+        assert_eq!(events.len(), 3, "Begin, the watermark, Commit: {events:?}");
+        assert!(matches!(events[0], SourceEvent::Begin));
+        let SourceEvent::Watermark {
+            content: got,
+            commit_lsn,
+            ..
+        } = &events[1]
+        else {
+            panic!("{:?}", events[1]);
+        };
+        assert_eq!((got.as_ref(), *commit_lsn), (content.as_bytes(), 0x180));
+        assert!(matches!(events[2], SourceEvent::Commit { end_lsn: 0x190 }));
+    }
+}
