@@ -173,6 +173,9 @@ impl Error {
                     }
                 }
             }
+            // A full or read-only disk does not heal by retrying: stop and
+            // say so (see `local_disk_hint`); the next start resumes.
+            Error::Io { source, .. } if local_disk_problem(source.kind()) => Disposition::Stop,
             Error::Io { .. } => Disposition::Retry,
             Error::Config(_) | Error::Decode(_) | Error::State { .. } | Error::Fatal { .. } => {
                 Disposition::Stop
@@ -189,9 +192,48 @@ impl Error {
             Error::Postgres { source, .. } => {
                 postgres_hint(source.code().map(|c| c.code()).unwrap_or(""))
             }
+            Error::Io { source, .. } => local_disk_hint(source.kind()),
+            Error::State { source, .. } => {
+                use rusqlite::ErrorCode;
+                match source.sqlite_error_code() {
+                    Some(ErrorCode::DiskFull) => local_disk_hint(std::io::ErrorKind::StorageFull),
+                    Some(
+                        ErrorCode::ReadOnly | ErrorCode::CannotOpen | ErrorCode::PermissionDenied,
+                    ) => local_disk_hint(std::io::ErrorKind::ReadOnlyFilesystem),
+                    _ => None,
+                }
+            }
             _ => None,
         }
     }
+}
+
+/// Whether a local file error is the disk's (full, read-only, not ours to
+/// write), which waiting does not mend.
+fn local_disk_problem(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        kind,
+        ErrorKind::StorageFull | ErrorKind::ReadOnlyFilesystem | ErrorKind::PermissionDenied
+    )
+}
+
+/// What to do about a local disk problem: `state_dir` holds the state and
+/// the spill of large transactions, and nothing there is confirmed to the
+/// server before it is durable, so a stop loses nothing.
+fn local_disk_hint(kind: std::io::ErrorKind) -> Option<String> {
+    let what = match kind {
+        std::io::ErrorKind::StorageFull => {
+            "free space on that filesystem (or point state_dir at a larger one)"
+        }
+        std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied => {
+            "make state_dir writable by the user waltail runs as"
+        }
+        _ => return None,
+    };
+    Some(format!(
+        "{what}, then start waltail again: it resumes from the last position confirmed to Postgres, and nothing is lost (state_dir holds the state and the spill of large transactions)"
+    ))
 }
 
 /// A 4xx answer other than 408 (timeout) and 429 (throttling).

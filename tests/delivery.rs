@@ -346,3 +346,111 @@ async fn an_invalidated_slot_stops_run_with_the_recovery_steps() {
         "{stderr}"
     );
 }
+
+/// A tmpfs of limited size mounted at a folder, unmounted when dropped: a
+/// small disk to fill. Needs root (CI runs as root).
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &std::path::Path, size: &str) -> SmallDisk {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "waltail-test"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "this test mounts a small tmpfs and needs root: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk(dir.to_path_buf())
+    }
+
+    /// The disk grown to `size`, its files kept: the space came back.
+    fn grow(&self, size: &str) {
+        let out = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// The state folder's disk fills while a large transaction spills there:
+/// `run` stops with the error and what to do (not a retry loop); once the
+/// disk has room, the next start archives everything, each change once.
+#[tokio::test]
+async fn a_full_state_disk_stops_run_saying_what_to_do_and_the_next_start_loses_nothing() {
+    let pg = DedicatedPg::start();
+    let db = TestDb::on(pg.url(), "diskfull").await;
+    db.exec("ALTER SYSTEM SET logical_decoding_work_mem = '64kB'")
+        .await;
+    db.exec("SELECT pg_reload_conf()").await;
+    db.exec("CREATE TABLE big (id int PRIMARY KEY, pad text)")
+        .await;
+    let pipeline = unique("diskfull").replace('_', "-");
+    let mut w = Waltail::new(&db, &pipeline, "public.big");
+    let state = w.dir.path().join("state");
+    let disk = SmallDisk::mount(&state, "4m");
+    w.set("WALTAIL_STATE_DIR", state.to_str().unwrap())
+        .set("WALTAIL_DELIVERY_BATCH_SIZE", "1000");
+    let root = w.dir.path().join("waltail-archive");
+    let archived =
+        || -> Vec<serde_json::Value> { checked_changes(&file_objects(&root), None, &pipeline) };
+    w.start();
+    db.exec("INSERT INTO big SELECT g, 'before' FROM generate_series(1, 10) g")
+        .await;
+    let start = std::time::Instant::now();
+    while archived().len() < 10 {
+        assert!(start.elapsed() < Duration::from_secs(30), "{}", w.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // About 60 MB rendered: streamed while in progress, spilled past the
+    // 16 MB memory budget into state_dir, whose disk holds 4 MB.
+    db.exec("INSERT INTO big SELECT g, repeat('x', 500) FROM generate_series(11, 100010) g")
+        .await;
+    let status = w.wait_exit(Duration::from_secs(120));
+    let log = w.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        (log.contains("No space left on device") || log.contains("disk is full"))
+            && log.contains("free space on that filesystem"),
+        "{log}"
+    );
+    assert!(!log.contains("reconnecting"), "no retry loop: {log}");
+    assert_eq!(archived().len(), 10, "nothing of the large transaction yet");
+
+    disk.grow("512m");
+    w.start();
+    db.exec("UPDATE big SET pad = 'after' WHERE id = 1").await;
+    let start = std::time::Instant::now();
+    let changes = loop {
+        let changes = archived();
+        if changes.len() >= 100_011 {
+            break changes;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "{} of 100,011 changes:\n{}",
+            changes.len(),
+            w.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    // checked_changes checked the contract (seqs 1..=N, each once).
+    assert_eq!(changes.len(), 100_011);
+    assert_eq!(replay(&changes)["public.big"], db.rows("big").await);
+    w.stop();
+    drop(disk);
+}
