@@ -433,13 +433,19 @@ async fn check_warns_about_replica_identity_nothing_with_the_fix() {
 /// logical_decoding_work_mem is streamed while in progress, buffered (and
 /// spilled past the memory budget), archived at its commit; a rolled-back
 /// subtransaction and an aborted streamed transaction leave nothing behind.
+/// On 12 and 13 (protocol 1) the server sends it whole at its commit: the
+/// archive must be the same.
 #[tokio::test]
 async fn streamed_large_transactions_keep_commits_and_drop_aborts() {
     let pg = common::pg::DedicatedPg::start();
     let db = TestDb::on(pg.url(), "streamed").await;
-    db.exec("ALTER SYSTEM SET logical_decoding_work_mem = '64kB'")
-        .await;
-    db.exec("SELECT pg_reload_conf()").await;
+    // 12 has no such setting: it decodes a large transaction through its
+    // own disk and sends it at the commit, which the test checks the same.
+    if db.server_version().await >= 130000 {
+        db.exec("ALTER SYSTEM SET logical_decoding_work_mem = '64kB'")
+            .await;
+        db.exec("SELECT pg_reload_conf()").await;
+    }
     db.exec("CREATE TABLE big (id int PRIMARY KEY, pad text)")
         .await;
     let pipeline = unique("streamed").replace('_', "-");
@@ -489,18 +495,20 @@ async fn streamed_large_transactions_keep_commits_and_drop_aborts() {
             .all(|c| c["data"]["pad"] != "rolled back" && c["data"]["pad"] != "aborted")
     );
     assert_eq!(changes[200_000]["data"]["pad"], "after");
-    let streamed: i64 = db
-        .client
-        .query_one(
-            "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(
-        streamed >= 1,
-        "the server did not stream the transaction (stream_txns = {streamed})"
-    );
+    if db.server_version().await >= 140000 {
+        let streamed: i64 = db
+            .client
+            .query_one(
+                "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            streamed >= 1,
+            "the server did not stream the transaction (stream_txns = {streamed})"
+        );
+    }
     w.stop();
 }
