@@ -27,6 +27,8 @@ pub mod console;
 pub mod delivery;
 pub mod envelope;
 pub mod error;
+#[cfg(test)]
+mod fuzzing;
 pub mod lsn;
 pub mod pgtime;
 pub mod pipeline;

@@ -1115,6 +1115,133 @@ mod tests {
         v
     }
 
+    /// A reader that hands out `data` in pieces of the given sizes (then
+    /// whatever is left), as a socket delivers a stream in reads.
+    struct Pieces {
+        data: Bytes,
+        sizes: Vec<usize>,
+    }
+
+    impl AsyncRead for Pieces {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let me = &mut *self;
+            let size = me.sizes.pop().unwrap_or(usize::MAX).max(1);
+            let n = size.min(me.data.len()).min(buf.remaining());
+            buf.put_slice(&me.data.split_to(n));
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// What the walsender sends during streaming, with the messages the
+    /// stream must give for it (ParameterStatus, notices and unknown
+    /// CopyData kinds give none).
+    fn arb_conversation()
+    -> impl proptest::strategy::Strategy<Value = (Vec<u8>, Vec<ReplicationMessage>)> {
+        use proptest::prelude::*;
+        let item = prop_oneof![
+            (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..40)).prop_map(|(at, p)| {
+                let msg = ReplicationMessage::XLogData {
+                    wal_start: at,
+                    wal_end: at.wrapping_add(100),
+                    server_clock: 42,
+                    data: Bytes::from(p.clone()),
+                };
+                (xlogdata_frame(at, &p), Some(msg))
+            }),
+            (any::<u64>(), any::<i64>(), any::<bool>()).prop_map(|(end, clock, reply)| {
+                let mut v = vec![b'd', 0, 0, 0, 22, b'k'];
+                v.extend_from_slice(&end.to_be_bytes());
+                v.extend_from_slice(&clock.to_be_bytes());
+                v.push(u8::from(reply));
+                let msg = ReplicationMessage::Keepalive {
+                    wal_end: end,
+                    server_clock: clock,
+                    reply_requested: reply,
+                };
+                (v, Some(msg))
+            }),
+            Just((vec![b'S', 0, 0, 0, 8, b'a', 0, b'b', 0], None)),
+            Just((
+                vec![
+                    b'N', 0, 0, 0, 14, b'S', b'N', b'O', b'T', b'E', 0, b'M', b'x', 0, 0
+                ],
+                None
+            )),
+            Just((vec![b'd', 0, 0, 0, 6, b'x', 1], None)),
+        ];
+        (proptest::collection::vec(item, 0..8), any::<bool>()).prop_map(|(items, done)| {
+            let mut bytes = Vec::new();
+            let mut msgs = Vec::new();
+            for (frame, msg) in items {
+                bytes.extend(frame);
+                msgs.extend(msg);
+            }
+            if done {
+                bytes.extend_from_slice(&[b'c', 0, 0, 0, 4]);
+            }
+            (bytes, msgs)
+        })
+    }
+
+    /// Every message of `bytes` read in pieces of `sizes`, until the end
+    /// or the first error.
+    fn read_all(
+        bytes: Vec<u8>,
+        sizes: Vec<usize>,
+    ) -> (Vec<ReplicationMessage>, Option<ReplicationError>) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut stream = ReplicationStream {
+                reader: FrameReader::new(Box::new(Pieces {
+                    data: Bytes::from(bytes),
+                    sizes,
+                })),
+                ended: false,
+            };
+            let mut got = Vec::new();
+            loop {
+                match stream.next().await {
+                    Ok(Some(m)) => got.push(m),
+                    Ok(None) => return (got, None),
+                    Err(e) => return (got, Some(e)),
+                }
+            }
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzzing::config(256))]
+
+        /// The framing's fuzz campaign (see `crate::fuzzing`): a
+        /// conversation read in pieces of any size gives its messages,
+        /// whatever the pieces; with a fuzzer's edits it ends (an error,
+        /// or the end) without a panic, and what it gave before is a
+        /// whole message each.
+        #[test]
+        fn fuzz_framing(
+            (bytes, msgs) in arb_conversation(),
+            sizes in proptest::collection::vec(1..64usize, 0..64),
+            edits in crate::fuzzing::edits(),
+        ) {
+            let ended = bytes.ends_with(&[b'c', 0, 0, 0, 4]);
+            let (got, err) = read_all(bytes.clone(), sizes.clone());
+            proptest::prop_assert_eq!(&got, &msgs);
+            // The end of the copy ends it; a socket closed without it is
+            // the end only once the server said so.
+            proptest::prop_assert_eq!(err.is_some(), !ended, "{:?}", err);
+            let edited = crate::fuzzing::apply(&bytes, &edits);
+            let (got, _) = read_all(edited.clone(), sizes);
+            // Every message took a frame of at least 5 bytes.
+            proptest::prop_assert!(got.len() * 5 <= edited.len());
+        }
+    }
+
     #[test]
     fn sql_quoting() {
         let sql = start_replication_sql(
