@@ -654,27 +654,33 @@ pub const TABLES: &str = "
 pub async fn mixed_workload(db: &TestDb, seed: u64, txns: usize, id_base: i64) {
     let mut rng = fastrand::Rng::with_seed(seed);
     for t in 0..txns {
-        let mut sql = String::from("BEGIN;");
-        for _ in 0..rng.usize(1..6) {
-            let id = id_base + rng.i64(0..40);
-            match rng.u8(0..6) {
-                0 | 1 => sql.push_str(&format!(
-                    "INSERT INTO orders VALUES ({id}, 'c{id}', 'new', {}.{:02}, '{{\"n\": {t}, \"s\": \"x\\\"y\"}}', {}, now(), 'v{t}', {}, ARRAY['a', NULL, 'b c'])
-                     ON CONFLICT (id) DO UPDATE SET status = 'reinserted', total = excluded.total;",
-                    rng.u32(0..1000), rng.u32(0..100), rng.bool(), rng.f64()
-                )),
-                2 => sql.push_str(&format!("UPDATE orders SET status = 'paid{t}', paid = true, items = NULL WHERE id = {id};")),
-                3 => sql.push_str(&format!("DELETE FROM orders WHERE id = {id};")),
-                4 => sql.push_str(&format!(
-                    "INSERT INTO customers VALUES ({id}, 'n{t}', DATE '2024-01-01' + {t}, {}) ON CONFLICT (id) DO UPDATE SET name = excluded.name;",
-                    rng.u16(..)
-                )),
-                _ => sql.push_str(&format!("DELETE FROM customers WHERE id = {id};")),
-            }
-        }
-        sql.push_str("COMMIT;");
-        db.exec(&sql).await;
+        db.exec(&mixed_transaction(&mut rng, t, id_base)).await;
     }
+}
+
+/// One transaction of [`mixed_workload`] (the `t`-th): 1 to 5 inserts,
+/// updates and deletes of ids `id_base..id_base + 40` across both tables.
+pub fn mixed_transaction(rng: &mut fastrand::Rng, t: usize, id_base: i64) -> String {
+    let mut sql = String::from("BEGIN;");
+    for _ in 0..rng.usize(1..6) {
+        let id = id_base + rng.i64(0..40);
+        match rng.u8(0..6) {
+            0 | 1 => sql.push_str(&format!(
+                "INSERT INTO orders VALUES ({id}, 'c{id}', 'new', {}.{:02}, '{{\"n\": {t}, \"s\": \"x\\\"y\"}}', {}, now(), 'v{t}', {}, ARRAY['a', NULL, 'b c'])
+                 ON CONFLICT (id) DO UPDATE SET status = 'reinserted', total = excluded.total;",
+                rng.u32(0..1000), rng.u32(0..100), rng.bool(), rng.f64()
+            )),
+            2 => sql.push_str(&format!("UPDATE orders SET status = 'paid{t}', paid = true, items = NULL WHERE id = {id};")),
+            3 => sql.push_str(&format!("DELETE FROM orders WHERE id = {id};")),
+            4 => sql.push_str(&format!(
+                "INSERT INTO customers VALUES ({id}, 'n{t}', DATE '2024-01-01' + {t}, {}) ON CONFLICT (id) DO UPDATE SET name = excluded.name;",
+                rng.u16(..)
+            )),
+            _ => sql.push_str(&format!("DELETE FROM customers WHERE id = {id};")),
+        }
+    }
+    sql.push_str("COMMIT;");
+    sql
 }
 
 /// Whether the objects hold seqs 1..=N with no gap yet (uploads in flight
