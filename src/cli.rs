@@ -113,6 +113,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the configuration this command line would use, as a waltail.toml:
+    /// each key's value and where it came from (the file, a WALTAIL_*
+    /// variable, the default); secrets are hidden
+    Config {
+        /// Print the JSON Schema of waltail.toml instead (editors complete and
+        /// check the file with it; schemas/config.schema.json is this)
+        #[arg(long)]
+        schema: bool,
+    },
     /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout
     Completions {
         #[arg(value_enum)]
@@ -186,6 +195,9 @@ pub fn main() -> ExitCode {
             clap_complete::generate(*shell, &mut cmd, "waltail", &mut out);
             return print_quietly(&out);
         }
+        Command::Config { schema: true } => {
+            return print_quietly(crate::config::schema().as_bytes());
+        }
         Command::Man => {
             let cmd = <Cli as clap::CommandFactory>::command();
             let mut out = Vec::new();
@@ -206,13 +218,17 @@ pub fn main() -> ExitCode {
         // A query's output is its result: only warnings and errors beside it.
         || matches!(cli.command, Command::Query { .. });
     telemetry::init_logging(cli.log_format, if quiet { "warn" } else { "info" });
-    let config = match Config::load(cli.config.as_deref()) {
+    let (config, sources) = match Config::load_explained(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {}", Report(&e));
             return ExitCode::from(2);
         }
     };
+    if matches!(cli.command, Command::Config { .. }) {
+        let text = crate::config::effective::render(&config, &sources);
+        return print_quietly(text.as_bytes());
+    }
     if matches!(cli.command, Command::Compact { .. }) {
         // Before any thread starts: mimalloc's options are not thread safe.
         keep_freed_memory();
@@ -287,8 +303,8 @@ pub fn main() -> ExitCode {
                 };
                 crate::query::command(&config, &opts).await
             }
-            Command::Completions { .. } | Command::Man => {
-                unreachable!("handled before loading the configuration")
+            Command::Completions { .. } | Command::Man | Command::Config { .. } => {
+                unreachable!("handled before the runtime starts")
             }
             Command::Parked(ParkedCommand::List) => crate::delivery::parking::list(&config),
             Command::Parked(ParkedCommand::Replay { id, all: _ }) => {

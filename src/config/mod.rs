@@ -11,8 +11,11 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
+
+pub mod effective;
 
 use crate::source::tls::TlsSettings;
 use crate::sql::quote_ident;
@@ -382,86 +385,184 @@ impl Default for DeliveryConfig {
 }
 
 // ---- raw form, as written in the file ----
+//
+// These types are also the JSON Schema of `waltail.toml`
+// (`schemas/config.schema.json`, from `waltail config --schema`): their doc
+// comments are what an editor shows beside each key. docs/configuration.md
+// has the whole story of each.
 
-#[derive(Deserialize, Default)]
+/// waltail's configuration file (waltail.toml). Every key can also be set
+/// by an environment variable WALTAIL_<SECTION>_<KEY>.
+#[derive(Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "waltail.toml")]
 struct RawConfig {
+    /// Name used in object keys and the default slot and publication names:
+    /// a-z, 0-9, _ and -, up to 63. Default "waltail".
     pipeline: Option<String>,
+    /// Folder of the local crash-safe state (<pipeline>.sqlite). Default
+    /// "./waltail-state".
     state_dir: Option<PathBuf>,
+    /// The PostgreSQL database to archive.
     source: Option<RawSource>,
+    /// Where the archive goes. Without it: the folder ./waltail-archive.
     destination: Option<RawDestination>,
+    /// How changes become objects and how uploads are retried.
     delivery: Option<RawDelivery>,
+    /// The console, /metrics, /healthz and /readyz.
     telemetry: Option<RawTelemetry>,
+    /// How `waltail backfill` reads existing rows.
     backfill: Option<RawBackfill>,
+    /// How `waltail compact` writes Delta tables.
     compact: Option<RawCompact>,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Backfill")]
 struct RawBackfill {
+    /// Rows read per chunk, one short snapshot each. Default 5000.
+    #[schemars(range(min = 1, max = MAX_COUNT))]
     chunk_size: Option<i64>,
+    /// `read` events per object while a batch holds only those. Default 1000.
+    #[schemars(range(min = 1, max = MAX_COUNT))]
     batch_size: Option<i64>,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Compact")]
 struct RawCompact {
+    /// Parquet codec. Default "zstd".
+    #[schemars(extend("enum" = ["zstd", "snappy", "gzip", "none"]))]
     compression: Option<String>,
+    /// The codec's level: zstd 1 (fastest) to 22 (smallest), gzip 0 to 9.
+    /// Default: zstd 3, gzip 6.
+    #[schemars(range(min = 0, max = 22))]
     compression_level: Option<i64>,
+    /// Rows per Parquet row group. Default 131072.
+    #[schemars(range(min = 1, max = MAX_ROW_GROUP_ROWS))]
     row_group_rows: Option<i64>,
+    /// NDJSON bytes per history file, and Parquet bytes per latest-view
+    /// file, at most. Default 268435456 (256 MiB).
+    #[schemars(range(min = 1, max = MAX_COMPACT_BYTES))]
     file_bytes: Option<i64>,
+    /// Memory for combining changes by key and for one bucket of a latest
+    /// view being merged. Default 134217728 (128 MiB).
+    #[schemars(range(min = 1, max = MAX_COMPACT_BYTES))]
     merge_bytes: Option<i64>,
+    /// How long files a commit replaced stay, so time travel reaches that
+    /// far back: a duration such as "7d", "36h", "0s". Default "7d".
     retain: Option<String>,
+    /// Whether a run ends by deleting replaced files past `retain`.
+    /// Default true.
     vacuum: Option<bool>,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Telemetry")]
 struct RawTelemetry {
+    /// Address of the console, /metrics, /healthz and /readyz, e.g.
+    /// "127.0.0.1:9187" (port 0: any free port). Default: off.
     listen: Option<String>,
+    /// Slot lag in bytes over which `run` warns and `status` flags it; 0
+    /// turns it off. Default 1073741824 (1 GiB).
+    #[schemars(range(min = 0))]
     slot_lag_warn_bytes: Option<i64>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Source")]
 struct RawSource {
+    /// postgres://user[:password]@host:port/db (or key=value form), with
+    /// sslmode and sslrootcert for TLS. Required.
     url: Option<String>,
+    /// Tables to archive as schema.table (`orders` is public.orders);
+    /// quote a part SQL-style when it holds a dot or a quote. Required.
     tables: Option<Vec<String>>,
+    /// Publication, created if missing. Default waltail_<pipeline>.
     publication: Option<String>,
+    /// Logical replication slot, created if missing. Default
+    /// waltail_<pipeline>.
     slot: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Destination")]
 struct RawDestination {
+    /// "file" (a folder) or "s3". Default "file", or "s3" when a bucket
+    /// is set.
     #[serde(rename = "type")]
+    #[schemars(extend("enum" = ["file", "s3"]))]
     kind: Option<String>,
+    /// The bucket, for type = "s3".
     bucket: Option<String>,
+    /// Key prefix, e.g. "waltail/prod"; the dated path follows it.
     prefix: Option<String>,
+    /// AWS region. Default AWS_REGION or AWS_DEFAULT_REGION, else
+    /// us-east-1.
     region: Option<String>,
+    /// A custom endpoint URL: MinIO, R2, SeaweedFS, a VPC endpoint.
     endpoint: Option<String>,
+    /// Path-style addressing (MinIO and most compatible stores). Default
+    /// false.
     use_path_style: Option<bool>,
+    /// Static credentials, with secret_access_key; without both, the AWS_*
+    /// variables and the container or instance credentials.
     access_key_id: Option<String>,
+    /// Never printed. A file holding it must be private (chmod 600).
     secret_access_key: Option<String>,
+    /// The folder, for type = "file". Default "./waltail-archive".
     path: Option<PathBuf>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Delivery")]
 struct RawDelivery {
+    /// Changes per object. Default 100.
+    #[schemars(range(min = 1, max = MAX_COUNT))]
     batch_size: Option<i64>,
+    /// An object's size cap in bytes, 1 to 268435456. Default 8388608
+    /// (8 MiB).
+    #[schemars(range(min = 1, max = MAX_MAX_BATCH_BYTES))]
     max_batch_bytes: Option<i64>,
+    /// A partial batch leaves after this many milliseconds (0 to 3600000).
+    /// Default 200.
+    #[schemars(range(min = 0, max = MAX_MS))]
     linger_ms: Option<i64>,
+    /// Changes per second at most; 0 is unlimited. Default 0.
+    #[schemars(range(min = 0, max = 4_294_967_295_i64))]
     rate_limit: Option<i64>,
+    /// Batches uploading at once. Default 4.
+    #[schemars(range(min = 1, max = MAX_IN_FLIGHT))]
     max_in_flight: Option<i64>,
+    /// Attempts per batch before it is parked. Default 5.
+    #[schemars(range(min = 1, max = MAX_ATTEMPTS))]
     max_attempts: Option<i64>,
+    /// Waits between attempts as durations, the last repeating. Default
+    /// ["30s", "1m", "2m", "4m"].
+    #[schemars(length(min = 1))]
     backoff: Option<Vec<String>>,
+    /// A PUT not answered in this many milliseconds is a failed attempt.
+    /// Default 30000.
+    #[schemars(range(min = 1, max = MAX_MS))]
     request_timeout_ms: Option<i64>,
+}
+
+/// The JSON Schema of the configuration file, as `schemas/config.schema.json`
+/// holds it (a test keeps the two the same).
+pub fn schema() -> String {
+    let schema = schemars::schema_for!(RawConfig);
+    serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"
 }
 
 /// How an environment override's text becomes a TOML value.
 #[derive(Clone, Copy)]
-enum Kind {
+pub(crate) enum Kind {
     Str,
     Int,
     Bool,
@@ -471,7 +572,7 @@ enum Kind {
 
 /// Every key that can be set, with its type: the source of truth for the
 /// environment overrides (`WALTAIL_<SECTION>_<KEY>`).
-const KEYS: &[(&str, &str, Kind)] = &[
+pub(crate) const KEYS: &[(&str, &str, Kind)] = &[
     ("", "pipeline", Kind::Str),
     ("", "state_dir", Kind::Str),
     ("source", "url", Kind::Str),
@@ -508,6 +609,50 @@ const KEYS: &[(&str, &str, Kind)] = &[
     ("compact", "vacuum", Kind::Bool),
 ];
 
+/// What a configuration was read from: the file (if any), as parsed, and
+/// the `WALTAIL_*` variables. `waltail config` tells each key's origin
+/// from it.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    pub file: Option<PathBuf>,
+    table: toml::Table,
+    vars: BTreeMap<String, String>,
+}
+
+/// Where a key's value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// The `WALTAIL_*` variable of this name.
+    Env(String),
+    /// The config file.
+    File,
+    /// Nobody set it.
+    Default,
+}
+
+impl Sources {
+    /// Where `section.key` (`section` empty for a top-level key) came from.
+    pub fn origin(&self, section: &str, key: &str) -> Origin {
+        let name = env_name(section, key);
+        if self.vars.contains_key(&name) {
+            return Origin::Env(name);
+        }
+        let in_file = if section.is_empty() {
+            self.table.contains_key(key)
+        } else {
+            self.table
+                .get(section)
+                .and_then(toml::Value::as_table)
+                .is_some_and(|t| t.contains_key(key))
+        };
+        if in_file {
+            Origin::File
+        } else {
+            Origin::Default
+        }
+    }
+}
+
 /// `WALTAIL_*` variables that are not configuration keys.
 const NON_CONFIG_VARS: &[&str] = &["WALTAIL_LOG", "WALTAIL_CONFIG"];
 
@@ -523,26 +668,50 @@ impl Config {
     /// Loads the configuration: the file at `path` (or `./waltail.toml` when it
     /// exists and no path was given), then the environment overrides.
     pub fn load(path: Option<&Path>) -> Result<Config> {
+        Config::load_explained(path).map(|(config, _)| config)
+    }
+
+    /// [`Config::load`], with where each key came from (`waltail config`).
+    pub fn load_explained(path: Option<&Path>) -> Result<(Config, Sources)> {
         let vars: BTreeMap<String, String> = std::env::vars()
             .filter(|(k, _)| k.starts_with("WALTAIL_"))
             .collect();
-        Config::load_with(path, &vars)
+        Config::load_sources(path, vars)
     }
 
     /// [`Config::load`] with the `WALTAIL_*` variables given.
     pub fn load_with(path: Option<&Path>, vars: &BTreeMap<String, String>) -> Result<Config> {
+        Config::load_sources(path, vars.clone()).map(|(config, _)| config)
+    }
+
+    fn load_sources(
+        path: Option<&Path>,
+        vars: BTreeMap<String, String>,
+    ) -> Result<(Config, Sources)> {
         let default = Path::new(DEFAULT_CONFIG_FILE);
         let file = match path {
             Some(p) => p,
             None if default.exists() => default,
-            None => return Config::from_parts(None, "the environment", vars),
+            None => {
+                let config = Config::from_parts(None, "the environment", &vars)?;
+                return Ok((
+                    config,
+                    Sources {
+                        file: None,
+                        table: toml::Table::new(),
+                        vars,
+                    },
+                ));
+            }
         };
         let origin = file.display().to_string();
         let text = std::fs::read_to_string(file)
             .map_err(|e| Error::config(format!("cannot read the config file {origin}: {e}")))?;
         let table = parse_toml(&text, &origin)?;
         check_file_mode(file, &table)?;
-        Config::from_table(table, &origin, vars)
+        let config = Config::from_table(table.clone(), &origin, &vars)?;
+        let file = Some(file.to_path_buf());
+        Ok((config, Sources { file, table, vars }))
     }
 
     /// Builds a configuration from the file's text and the `WALTAIL_*` variables
@@ -712,6 +881,14 @@ fn apply_env(table: &mut toml::Table, vars: &BTreeMap<String, String>) -> Result
     Ok(())
 }
 
+/// The largest value each bounded key takes (the schema says the same).
+const MAX_COUNT: i64 = 1_000_000;
+const MAX_IN_FLIGHT: i64 = 256;
+const MAX_ATTEMPTS: i64 = 1000;
+const MAX_MS: i64 = 3_600_000;
+const MAX_ROW_GROUP_ROWS: i64 = 100_000_000;
+const MAX_COMPACT_BYTES: i64 = 1 << 40;
+
 fn positive(key: &str, v: Option<i64>, default: i64, max: i64) -> Result<i64> {
     let v = v.unwrap_or(default);
     if v < 1 || v > max {
@@ -852,7 +1029,7 @@ fn validate(raw: RawConfig) -> Result<Config> {
                 )));
             }
             let linger_ms = d.linger_ms.unwrap_or(DEFAULT_LINGER_MS as i64);
-            if !(0..=3_600_000).contains(&linger_ms) {
+            if !(0..=MAX_MS).contains(&linger_ms) {
                 return Err(Error::config(format!(
                     "delivery.linger_ms = {linger_ms}: must be between 0 and 3600000"
                 )));
@@ -862,7 +1039,7 @@ fn validate(raw: RawConfig) -> Result<Config> {
                     "delivery.batch_size",
                     d.batch_size,
                     DEFAULT_BATCH_SIZE as i64,
-                    1_000_000,
+                    MAX_COUNT,
                 )? as usize,
                 max_batch_bytes: positive(
                     "delivery.max_batch_bytes",
@@ -876,20 +1053,20 @@ fn validate(raw: RawConfig) -> Result<Config> {
                     "delivery.max_in_flight",
                     d.max_in_flight,
                     DEFAULT_MAX_IN_FLIGHT as i64,
-                    256,
+                    MAX_IN_FLIGHT,
                 )? as usize,
                 max_attempts: positive(
                     "delivery.max_attempts",
                     d.max_attempts,
                     DEFAULT_MAX_ATTEMPTS as i64,
-                    1000,
+                    MAX_ATTEMPTS,
                 )? as u32,
                 backoff,
                 request_timeout: Duration::from_millis(positive(
                     "delivery.request_timeout_ms",
                     d.request_timeout_ms,
                     DEFAULT_REQUEST_TIMEOUT_MS as i64,
-                    3_600_000,
+                    MAX_MS,
                 )? as u64),
             }
         }
@@ -920,13 +1097,13 @@ fn validate(raw: RawConfig) -> Result<Config> {
             "backfill.chunk_size",
             backfill.chunk_size,
             DEFAULT_BACKFILL_CHUNK_SIZE as i64,
-            1_000_000,
+            MAX_COUNT,
         )? as u64,
         batch_size: positive(
             "backfill.batch_size",
             backfill.batch_size,
             DEFAULT_BACKFILL_BATCH_SIZE as i64,
-            1_000_000,
+            MAX_COUNT,
         )? as usize,
     };
     let compact = compact(raw.compact.unwrap_or_default())?;
@@ -1005,19 +1182,19 @@ fn compact(c: RawCompact) -> Result<CompactConfig> {
             "compact.row_group_rows",
             c.row_group_rows,
             DEFAULT_COMPACT_ROW_GROUP_ROWS as i64,
-            100_000_000,
+            MAX_ROW_GROUP_ROWS,
         )? as usize,
         file_bytes: positive(
             "compact.file_bytes",
             c.file_bytes,
             DEFAULT_COMPACT_FILE_BYTES as i64,
-            1 << 40,
+            MAX_COMPACT_BYTES,
         )? as u64,
         merge_bytes: positive(
             "compact.merge_bytes",
             c.merge_bytes,
             DEFAULT_COMPACT_MERGE_BYTES as i64,
-            1 << 40,
+            MAX_COMPACT_BYTES,
         )? as u64,
     })
 }
@@ -1192,6 +1369,45 @@ fn redact_key_values(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The schema names every key the environment can set, and no other:
+    /// both come from the configuration, and drift would mislead editors.
+    #[test]
+    fn the_schema_has_every_key_and_no_other() {
+        let schema: serde_json::Value = serde_json::from_str(&schema()).unwrap();
+        fn first_ref(v: &serde_json::Value) -> Option<&str> {
+            match v {
+                serde_json::Value::Object(m) => m
+                    .get("$ref")
+                    .and_then(|r| r.as_str())
+                    .or_else(|| m.values().find_map(first_ref)),
+                serde_json::Value::Array(a) => a.iter().find_map(first_ref),
+                _ => None,
+            }
+        }
+        let mut keys = std::collections::BTreeSet::new();
+        for (name, prop) in schema["properties"].as_object().unwrap() {
+            match first_ref(prop) {
+                Some(r) => {
+                    let def = r.trim_start_matches("#/$defs/");
+                    for key in schema["$defs"][def]["properties"]
+                        .as_object()
+                        .unwrap()
+                        .keys()
+                    {
+                        keys.insert((name.clone(), key.clone()));
+                    }
+                }
+                None => _ = keys.insert((String::new(), name.clone())),
+            }
+        }
+        let expected: std::collections::BTreeSet<(String, String)> = KEYS
+            .iter()
+            .map(|(s, k, _)| (s.to_string(), k.to_string()))
+            .collect();
+        assert_eq!(keys, expected);
+        assert_eq!(schema["additionalProperties"], false);
+    }
 
     fn load(text: &str, vars: &[(&str, &str)]) -> Result<Config> {
         let vars = vars
