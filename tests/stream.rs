@@ -394,6 +394,36 @@ async fn telemetry_serves_metrics_health_and_readiness() {
     assert_eq!(value("waltail_parked_batches"), 0.0);
     assert_eq!(value("waltail_ready"), 1.0);
     assert_eq!(http_get(&addr, "/nope").0, 404);
+    // The Grafana dashboard in examples/ graphs what is exported, all of it.
+    let exported: std::collections::BTreeSet<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let dashboard: serde_json::Value =
+        serde_json::from_str(include_str!("../examples/grafana-dashboard.json")).unwrap();
+    let metric = regex_lite::Regex::new(r"waltail_[a-z_]+").unwrap();
+    let mut graphed = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for m in metric.find_iter(expr) {
+                let family = m.as_str().trim_end_matches("_bucket");
+                assert!(
+                    exported.contains(family),
+                    "panel {:?} graphs {family}, which /metrics does not export:\n{body}",
+                    panel["title"]
+                );
+                graphed.insert(family.to_string());
+            }
+        }
+    }
+    for family in &exported {
+        assert!(
+            graphed.contains(*family),
+            "no dashboard panel graphs {family}"
+        );
+    }
     w.stop();
     db.drop_db().await;
 }
