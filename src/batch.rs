@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::checkpoint::Intent;
+use crate::sink::codec::Codec;
 use std::sync::Arc;
 
 use crate::envelope::{self, Change, TableRef};
@@ -45,6 +46,10 @@ pub struct Batch {
     /// The batch comes from the parked table (a replay or a released held
     /// batch): once written, it is removed from there.
     pub from_parked: bool,
+    /// How its object is encoded: the codec its intent recorded (a
+    /// re-formed batch keeps it, whatever the setting says now), or `None`
+    /// until it is queued with the configured one.
+    pub codec: Option<Codec>,
 }
 
 impl Batch {
@@ -150,6 +155,7 @@ impl Batcher {
                 self.fixed.pop_front();
                 let mut batch = self.current.take().expect("appended above");
                 batch.recorded = true;
+                batch.codec = Some(intent.codec);
                 return Some(Cut::Ready(batch));
             }
             return None;
@@ -186,6 +192,7 @@ impl Batcher {
             recorded: false,
             key: String::new(),
             from_parked: false,
+            codec: None,
         });
         if !batch.tables.iter().any(|t| Arc::ptr_eq(t, &change.table)) {
             batch.tables.push(change.table.clone());
@@ -337,11 +344,13 @@ mod tests {
                 first_seq: 5,
                 last_seq: 9,
                 done: true,
+                codec: Codec::None,
             },
             Intent {
                 first_seq: 10,
                 last_seq: 11,
                 done: false,
+                codec: Codec::None,
             },
         ];
         // Restart with S = 7: seqs 7..9 belong to a written batch.
@@ -380,6 +389,7 @@ mod tests {
                 first_seq: 1,
                 last_seq: 2,
                 done: false,
+                codec: Codec::None,
             }],
         );
         a.push(1, &change(1));
@@ -409,6 +419,7 @@ mod tests {
                     first_seq,
                     last_seq,
                     done,
+                    codec: Codec::None,
                 })
                 .collect()
         }

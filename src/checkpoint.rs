@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::row_identity;
+use crate::sink::codec::Codec;
 use crate::{Error, Result};
 
 /// The `(L, S)` pair described in the module docs.
@@ -42,6 +43,9 @@ pub struct Intent {
     pub first_seq: u64,
     pub last_seq: u64,
     pub done: bool,
+    /// How the batch's object is encoded (its key says so too): a batch
+    /// re-formed after `destination.compression` changed keeps it.
+    pub codec: Codec,
 }
 
 /// The meta key of the row identity's version (see [`row_identity`]).
@@ -74,7 +78,8 @@ CREATE TABLE IF NOT EXISTS cursor (
 CREATE TABLE IF NOT EXISTS intents (
     first_seq INTEGER PRIMARY KEY,
     last_seq  INTEGER NOT NULL,
-    done      INTEGER NOT NULL DEFAULT 0
+    done      INTEGER NOT NULL DEFAULT 0,
+    codec     TEXT
 );
 CREATE TABLE IF NOT EXISTS progress (
     at        INTEGER PRIMARY KEY,
@@ -126,6 +131,24 @@ CREATE TABLE IF NOT EXISTS backfill_chunks (
     body      BLOB
 );
 ";
+
+/// Adds `intents.codec` to a state written before objects could be
+/// compressed (its intents are plain NDJSON: the column stays NULL). Two
+/// processes opening the state at once may both try; the loser finds the
+/// column there.
+fn add_intent_codec(conn: &Connection) -> rusqlite::Result<()> {
+    let has = |conn: &Connection| {
+        conn.prepare("SELECT 1 FROM pragma_table_info('intents') WHERE name = 'codec'")?
+            .exists([])
+    };
+    if has(conn)? {
+        return Ok(());
+    }
+    match conn.execute_batch("ALTER TABLE intents ADD COLUMN codec TEXT") {
+        Err(_) if has(conn)? => Ok(()),
+        other => other,
+    }
+}
 
 /// Where a parked-table batch stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,6 +277,7 @@ impl Checkpoint {
         // pipeline could lose ~200 ms per write; retry every millisecond.
         conn.busy_handler(Some(retry_busy)).map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
+        add_intent_codec(&conn).map_err(err)?;
         let state = Checkpoint {
             conn,
             path: path.to_path_buf(),
@@ -330,30 +354,54 @@ impl Checkpoint {
         let mut stmt = self
             .conn
             .prepare(
-                "SELECT first_seq, last_seq, done FROM intents
+                "SELECT first_seq, last_seq, done, codec FROM intents
                  WHERE last_seq >= ?1 ORDER BY first_seq",
             )
             .map_err(self.err())?;
         let rows = stmt
             .query_map([next_seq as i64], |r| {
-                Ok(Intent {
-                    first_seq: r.get::<_, i64>(0)? as u64,
-                    last_seq: r.get::<_, i64>(1)? as u64,
-                    done: r.get::<_, i64>(2)? != 0,
-                })
+                Ok((
+                    r.get::<_, i64>(0)? as u64,
+                    r.get::<_, i64>(1)? as u64,
+                    r.get::<_, i64>(2)? != 0,
+                    r.get::<_, Option<String>>(3)?,
+                ))
             })
             .map_err(self.err())?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(self.err())
+        let rows = rows.collect::<Result<Vec<_>, _>>().map_err(self.err())?;
+        rows.into_iter()
+            .map(|(first_seq, last_seq, done, codec)| {
+                // Written before compression existed: plain NDJSON.
+                let codec = match codec.as_deref() {
+                    None => Codec::None,
+                    Some(name) => Codec::from_name(name).ok_or_else(|| {
+                        Error::fatal(
+                            format!(
+                                "the local state {} records a batch encoded as {name:?}, which this waltail does not know",
+                                self.path.display()
+                            ),
+                            "run the waltail release that wrote this state",
+                        )
+                    })?,
+                };
+                Ok(Intent {
+                    first_seq,
+                    last_seq,
+                    done,
+                    codec,
+                })
+            })
+            .collect()
     }
 
     /// Records a batch's seq range before its PUT (durable on return).
-    pub fn record_intent(&mut self, first_seq: u64, last_seq: u64) -> Result<()> {
-        self.record_intents(&[(first_seq, last_seq)])
+    pub fn record_intent(&mut self, first_seq: u64, last_seq: u64, codec: Codec) -> Result<()> {
+        self.record_intents(&[(first_seq, last_seq, codec)])
     }
 
     /// Records the seq ranges of several batches in one transaction (one
     /// sync to disk for all of them; durable on return).
-    pub fn record_intents(&mut self, ranges: &[(u64, u64)]) -> Result<()> {
+    pub fn record_intents(&mut self, ranges: &[(u64, u64, Codec)]) -> Result<()> {
         let path = self.path.display().to_string();
         let err = |source| Error::State {
             path: path.clone(),
@@ -363,13 +411,13 @@ impl Checkpoint {
         {
             let mut insert = tx
                 .prepare_cached(
-                    "INSERT INTO intents (first_seq, last_seq, done) VALUES (?1, ?2, 0)
+                    "INSERT INTO intents (first_seq, last_seq, done, codec) VALUES (?1, ?2, 0, ?3)
                      ON CONFLICT (first_seq) DO NOTHING",
                 )
                 .map_err(err)?;
-            for &(first_seq, last_seq) in ranges {
+            for &(first_seq, last_seq, codec) in ranges {
                 insert
-                    .execute(params![first_seq as i64, last_seq as i64])
+                    .execute(params![first_seq as i64, last_seq as i64, codec.name()])
                     .map_err(err)?;
             }
         }
@@ -1107,6 +1155,36 @@ mod tests {
         assert!(err.contains("version 2 of the row identity"), "{err}");
     }
 
+    /// A state written before objects could be compressed gains the
+    /// intents' codec column, its intents read as plain NDJSON, and new
+    /// intents keep their codec.
+    #[test]
+    fn a_state_from_before_compression_keeps_its_intents_as_plain_ndjson() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.sqlite");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE intents (first_seq INTEGER PRIMARY KEY, last_seq INTEGER NOT NULL,
+                                       done INTEGER NOT NULL DEFAULT 0);
+                 INSERT INTO intents VALUES (1, 10, 0);",
+            )
+            .unwrap();
+        }
+        let mut cp = Checkpoint::open(&path).unwrap();
+        cp.record_intent(11, 20, Codec::Zstd).unwrap();
+        drop(cp);
+        // A second opening finds the column there.
+        let cp = Checkpoint::open(&path).unwrap();
+        let codecs: Vec<(u64, Codec)> = cp
+            .open_intents(1)
+            .unwrap()
+            .iter()
+            .map(|i| (i.first_seq, i.codec))
+            .collect();
+        assert_eq!(codecs, [(1, Codec::None), (11, Codec::Zstd)]);
+    }
+
     #[test]
     fn a_cut_chunk_body_is_refused() {
         let body = chunk_body(&[(1, b"abc".to_vec())]);
@@ -1121,9 +1199,9 @@ mod tests {
         {
             let mut cp = Checkpoint::open(&path).unwrap();
             assert_eq!(cp.cursor().unwrap(), None);
-            cp.record_intent(1, 100).unwrap();
-            cp.record_intent(101, 150).unwrap();
-            cp.record_intent(151, 160).unwrap();
+            cp.record_intent(1, 100, Codec::None).unwrap();
+            cp.record_intent(101, 150, Codec::Gzip).unwrap();
+            cp.record_intent(151, 160, Codec::None).unwrap();
             cp.commit(
                 &[1, 101],
                 Some(Cursor {
@@ -1148,12 +1226,14 @@ mod tests {
                 Intent {
                     first_seq: 101,
                     last_seq: 150,
-                    done: true
+                    done: true,
+                    codec: Codec::Gzip,
                 },
                 Intent {
                     first_seq: 151,
                     last_seq: 160,
-                    done: false
+                    done: false,
+                    codec: Codec::None,
                 }
             ]
         );
@@ -1178,7 +1258,7 @@ mod tests {
     fn parked_batches_round_trip_and_mark_their_intent_done() {
         let dir = tempfile::tempdir().unwrap();
         let mut cp = Checkpoint::open(&dir.path().join("p.sqlite")).unwrap();
-        cp.record_intent(1, 10).unwrap();
+        cp.record_intent(1, 10, Codec::None).unwrap();
         cp.park(&parked(1, &[7, 8], ParkStatus::Parked)).unwrap();
         assert!(cp.open_intents(1).unwrap()[0].done);
         let got = cp.parked().unwrap();

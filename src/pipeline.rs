@@ -35,6 +35,7 @@ use crate::error::Disposition;
 use crate::lsn;
 use crate::pgtime;
 use crate::row_identity::Holds;
+use crate::sink::codec::Codec;
 use crate::sink::{Sink, layout};
 use crate::source::backfill::{self, Mark, Watermark, driver::Driver};
 use crate::source::catalog::TypeCatalog;
@@ -333,6 +334,7 @@ async fn session(
         checkpoint,
         pipeline: config.pipeline.clone(),
         prefix: sink.prefix().map(str::to_string),
+        compression: config.compression,
         blocked: Holds::default(),
         released: VecDeque::new(),
         releasing: HashSet::new(),
@@ -565,6 +567,8 @@ struct Pipeline<'a> {
     checkpoint: &'a mut Checkpoint,
     pipeline: String,
     prefix: Option<String>,
+    /// `destination.compression`, for batches that have no codec yet.
+    compression: Codec,
     /// Rows of parked and held batches: a new batch touching one (or the
     /// table of a truncate among them) is held behind them.
     blocked: Holds,
@@ -985,13 +989,16 @@ impl Pipeline<'_> {
     /// Queues a cut batch; its intent is recorded before its PUT starts
     /// (see [`Pipeline::record_waiting`]).
     fn enqueue(&mut self, mut batch: Batch) -> Result<()> {
+        let codec = *batch.codec.get_or_insert(self.compression);
         batch.key = layout::batch_key(
             self.prefix.as_deref(),
             &self.pipeline,
             batch.commit_ts,
             batch.first_seq,
             batch.last_seq,
+            codec,
         );
+        batch.body = codec.encode(std::mem::take(&mut batch.body));
         self.waiting_bytes += batch.body.len();
         self.waiting.push_back(batch);
         Ok(())
@@ -1003,11 +1010,11 @@ impl Pipeline<'_> {
     /// prefix of the cut batches (waiting is in seq order), so a restart
     /// re-forms them and batches anew after the last.
     fn record_waiting(&mut self) -> Result<()> {
-        let ranges: Vec<(u64, u64)> = self
+        let ranges: Vec<(u64, u64, Codec)> = self
             .waiting
             .iter()
             .filter(|b| !b.recorded)
-            .map(|b| (b.first_seq, b.last_seq))
+            .map(|b| (b.first_seq, b.last_seq, b.codec.unwrap_or(self.compression)))
             .collect();
         self.checkpoint.record_intents(&ranges)?;
         for b in self.waiting.iter_mut() {
@@ -1214,6 +1221,8 @@ impl Pipeline<'_> {
                 recorded: true,
                 from_parked: true,
                 key: p.key,
+                // Its key and stored bytes are already encoded.
+                codec: None,
             });
         }
         Ok(())

@@ -454,3 +454,87 @@ async fn a_full_state_disk_stops_run_saying_what_to_do_and_the_next_start_loses_
     w.stop();
     drop(disk);
 }
+
+/// Batches whose PUTs were under way when the run was killed keep the
+/// encoding they were cut with when `destination.compression` changed
+/// before the restart: they are sent again under their recorded keys
+/// (`.ndjson.gz`), and only the batches cut after the restart follow the
+/// new setting. So no seq range gets a second object under another name.
+#[tokio::test]
+async fn batches_sent_again_after_the_compression_changed_keep_their_keys() {
+    let db = TestDb::new("codecchange").await;
+    db.exec(TABLES).await;
+    let proxy = Proxy::start(s3_addr());
+    let pipeline = unique("cc").replace('_', "-");
+    let prefix = format!("codecchange/{pipeline}");
+    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
+    w.s3(&prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
+        .set("WALTAIL_DESTINATION_COMPRESSION", "gzip")
+        .set("WALTAIL_DELIVERY_BATCH_SIZE", "4")
+        .set("WALTAIL_DELIVERY_REQUEST_TIMEOUT_MS", "60000");
+    w.start();
+    // A change of each table goes through first: the tables' schema
+    // records are written (they would wait for the store before any batch
+    // is cut).
+    db.exec(
+        "INSERT INTO customers VALUES (1000, 'x', DATE '2024-01-01', 1);
+         INSERT INTO orders (id, customer) VALUES (1000, 'x')",
+    )
+    .await;
+    let read = async || s3_objects(&prefix).await;
+    wait_replay_equals(&db, read, Some(&prefix), &pipeline).await;
+    proxy.set_mode(Mode::Blackhole);
+    mixed_workload(&db, 5, 10, 0).await;
+    // The batches are cut and their intents recorded as their PUTs start
+    // (and hang): the state says which are under way.
+    let state = w
+        .dir
+        .path()
+        .join(format!("waltail-state/{pipeline}.sqlite"));
+    eventually(Duration::from_secs(20), "intents recorded", || {
+        let state = state.clone();
+        async move {
+            let conn = rusqlite::Connection::open(&state).unwrap();
+            conn.query_row(
+                "SELECT count(*) FROM intents WHERE codec = 'gzip' AND done = 0",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap()
+                > 0
+        }
+    })
+    .await;
+    w.kill9();
+    let pending: Vec<(i64, i64)> = {
+        let conn = rusqlite::Connection::open(&state).unwrap();
+        let mut rows = conn
+            .prepare("SELECT first_seq, last_seq FROM intents WHERE done = 0")
+            .unwrap();
+        rows.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    proxy.set_mode(Mode::Pass);
+    w.set("WALTAIL_DESTINATION_COMPRESSION", "none");
+    w.start();
+    mixed_workload(&db, 6, 10, 0).await;
+    wait_replay_equals(&db, read, Some(&prefix), &pipeline).await;
+    let objects = s3_objects(&prefix).await;
+    for (first, last) in &pending {
+        let name = format!("-{first}-{last}.ndjson.gz");
+        assert!(
+            objects.iter().any(|o| o.key.ends_with(&name)),
+            "the batch {first}-{last} cut as gzip was sent again under another key: {:?}",
+            objects.iter().map(|o| &o.key).collect::<Vec<_>>()
+        );
+    }
+    assert!(
+        objects.iter().any(|o| o.key.ends_with(".ndjson")),
+        "batches cut after the restart follow the new setting"
+    );
+    w.stop();
+    db.drop_db().await;
+}

@@ -733,3 +733,73 @@ async fn queries_during_a_compaction_answer_right_or_say_to_run_again() {
     eprintln!("{answered} queries answered, {refused} said to run again");
     assert!(answered >= 6);
 }
+
+/// `destination.compression`: an archive written as gzip, then zstd, then
+/// plain NDJSON (the setting changed between runs) holds `.ndjson.gz`,
+/// `.ndjson.zst` and `.ndjson` objects with the matching Content-Encoding,
+/// which follow the contract once decoded; DuckDB's `read_ndjson_auto`
+/// reads all three from a copy of the archive, and `query` and `compact`
+/// answer what the tables hold, before and after compaction.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_archive_of_gzip_zstd_and_plain_objects_reads_everywhere() {
+    let db = TestDb::new("codecs").await;
+    create_tables(&db).await;
+    let pipeline = unique("cz").replace('_', "-");
+    let prefix = unique("codecs");
+    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
+    w.s3(&prefix).set("WALTAIL_DELIVERY_BATCH_SIZE", "5");
+    for (round, codec) in ["gzip", "zstd", "none"].into_iter().enumerate() {
+        w.set("WALTAIL_DESTINATION_COMPRESSION", codec);
+        w.start();
+        mixed_workload(&db, 70 + round as u64, 25, 0).await;
+        all_archived(&db, &prefix, &pipeline).await;
+        w.stop();
+    }
+    let objects = ndjson_objects(&prefix).await;
+    let changes = checked_changes(&objects, Some(&prefix), &pipeline);
+    for (suffix, encoding) in [
+        (".ndjson.gz", Some("gzip")),
+        (".ndjson.zst", Some("zstd")),
+        (".ndjson", None),
+    ] {
+        let of_kind: Vec<&Object> = objects.iter().filter(|o| o.key.ends_with(suffix)).collect();
+        assert!(!of_kind.is_empty(), "no {suffix} object");
+        for o in of_kind {
+            assert_eq!(o.content_encoding.as_deref(), encoding, "{}", o.key);
+            assert_eq!(
+                o.content_type.as_deref(),
+                Some("application/x-ndjson"),
+                "{}",
+                o.key
+            );
+        }
+    }
+
+    // DuckDB reads every object of the copy, each decoded by its name.
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    let glob = dir.path().join("*/*/*/*.ndjson*");
+    let rows = duck(&format!(
+        "SELECT count(*), count(DISTINCT seq), max(seq) FROM read_ndjson_auto('{}')",
+        glob.display()
+    ));
+    let n = changes.len() as i64;
+    assert_eq!(rows[0], [json!(n), json!(n), json!(n)]);
+
+    for t in [&ORDERS, &CUSTOMERS] {
+        assert_query_equals_source(&w, &db, t, "before compaction").await;
+    }
+    assert_eq!(scalar(&w, &[], "SELECT count(*) FROM waltail.changes"), n);
+    compact(&w);
+    for t in [&ORDERS, &CUSTOMERS] {
+        assert_query_equals_source(&w, &db, t, "after compaction").await;
+    }
+    assert_eq!(
+        scalar(&w, &[], "SELECT count(*) FROM history.public.orders"),
+        changes
+            .iter()
+            .filter(|c| c["table"] == "public.orders")
+            .count() as i64
+    );
+    db.drop_db().await;
+}

@@ -12,6 +12,7 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use super::compacted::TableEntry;
 use super::typing::SchemaRecord;
 use crate::error::Disposition;
+use crate::sink::codec::Codec;
 use crate::{Error, Result};
 
 /// One archive object, `[prefix/]YYYY/MM/DD/<pipeline>-<first>-<last>.ndjson`.
@@ -33,7 +34,9 @@ pub fn under(prefix: Option<&str>, key: &str) -> String {
     }
 }
 
-/// Parses an archive key relative to the prefix: `YYYY/MM/DD/<pipeline>-<a>-<b>.ndjson`.
+/// Parses an archive key relative to the prefix:
+/// `YYYY/MM/DD/<pipeline>-<a>-<b>.ndjson`, plain or compressed (`.gz`,
+/// `.zst`).
 pub fn parse_key(relative: &str, pipeline: &str) -> Option<(String, u64, u64)> {
     let mut parts = relative.split('/');
     let (y, m, d, name) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
@@ -47,7 +50,8 @@ pub fn parse_key(relative: &str, pipeline: &str) -> Option<(String, u64, u64)> {
     {
         return None;
     }
-    let range = name
+    let range = Codec::of_key(name)
+        .1
         .strip_suffix(".ndjson")?
         .strip_prefix(pipeline)?
         .strip_prefix('-')?;
@@ -320,6 +324,20 @@ pub async fn get(store: &dyn ObjectStore, path: &ObjectPath) -> Result<bytes::By
     .await
 }
 
+/// Reads a whole archive object's NDJSON: [`get`], then decoded by its
+/// key's codec (`.ndjson.gz`, `.ndjson.zst`; see [`Codec`]) on the blocking
+/// pool, since an object of megabytes takes milliseconds to inflate.
+pub async fn get_ndjson(store: &dyn ObjectStore, key: &str) -> Result<bytes::Bytes> {
+    let body = get(store, &ObjectPath::from(key)).await?;
+    if Codec::of_key(key).0 == Codec::None {
+        return Ok(body);
+    }
+    let key = key.to_string();
+    tokio::task::spawn_blocking(move || Codec::decode(&key, body))
+        .await
+        .map_err(|e| Error::bug(format!("decoding an archive object stopped: {e}")))?
+}
+
 /// Writes a whole object, started again on a transient error as [`get`] is
 /// (a PUT of the same bytes to the same key is idempotent).
 pub async fn put(store: &dyn ObjectStore, path: &ObjectPath, body: bytes::Bytes) -> Result<()> {
@@ -379,6 +397,20 @@ mod tests {
             Some(("2024-03-01".into(), 1, 100))
         );
         assert_eq!(parse_key("2024/03/01/other-1-100.ndjson", "orders"), None);
+        for compressed in [
+            "2024/03/01/orders-1-100.ndjson.gz",
+            "2024/03/01/orders-1-100.ndjson.zst",
+        ] {
+            assert_eq!(
+                parse_key(compressed, "orders"),
+                Some(("2024-03-01".into(), 1, 100))
+            );
+        }
+        assert_eq!(
+            parse_key("2024/03/01/orders-1-100.ndjson.bz2", "orders"),
+            None
+        );
+        assert_eq!(parse_key("2024/03/01/orders-1-100.gz", "orders"), None);
         assert_eq!(
             parse_key("2024/03/01/orders-eu-1-100.ndjson", "orders"),
             None

@@ -46,7 +46,6 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use object_store::ObjectStore;
-use object_store::path::Path as ObjectPath;
 
 use self::compacted::Compacted;
 use self::delta::{Location, Role};
@@ -720,8 +719,7 @@ fn read_ahead(
                         .map(|(key, from_seq)| {
                             let store = Arc::clone(&store);
                             async move {
-                                let path = ObjectPath::from(key.as_str());
-                                let body = listing::get(store.as_ref(), &path).await?;
+                                let body = listing::get_ndjson(store.as_ref(), &key).await?;
                                 Ok::<_, Error>((key, from_seq, body))
                             }
                         })
@@ -1001,6 +999,7 @@ mod tests {
     use super::typing::{Column, Kind, RecordColumn, SchemaRecord};
     use super::*;
     use object_store::ObjectStoreExt;
+    use object_store::path::Path as ObjectPath;
 
     /// Small objects are fetched and parsed together, in plan order, up to
     /// a mebibyte a group; an object larger than that is a group alone.

@@ -96,6 +96,7 @@ fn value(c: &Config, section: &str, key: &str) -> Value {
         )),
         ("source", "publication") => text(&c.source.publication),
         ("source", "slot") => text(&c.source.slot),
+        ("destination", "compression") => text(c.compression.name()),
         ("destination", _) => destination(&c.destination, key),
         ("delivery", "batch_size") => int(d.batch_size),
         ("delivery", "linger_ms") => int(d.linger.as_millis()),

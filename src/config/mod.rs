@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 pub mod effective;
 
+use crate::sink::codec::Codec;
 use crate::source::tls::TlsSettings;
 use crate::sql::quote_ident;
 use crate::{Error, Result};
@@ -89,6 +90,8 @@ pub struct Config {
     pub state_dir: PathBuf,
     pub source: SourceConfig,
     pub destination: DestinationConfig,
+    /// `destination.compression`: how archive objects are encoded.
+    pub compression: Codec,
     pub delivery: DeliveryConfig,
     /// Where the console, `/metrics`, `/healthz` and `/readyz` are served;
     /// off when `None`.
@@ -517,6 +520,10 @@ struct RawDestination {
     secret_access_key: Option<String>,
     /// The folder, for type = "file". Default "./waltail-archive".
     path: Option<PathBuf>,
+    /// How objects are encoded: "none" (.ndjson), "gzip" (.ndjson.gz) or
+    /// "zstd" (.ndjson.zst). Default "none".
+    #[schemars(extend("enum" = ["none", "gzip", "zstd"]))]
+    compression: Option<String>,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -588,6 +595,7 @@ pub(crate) const KEYS: &[(&str, &str, Kind)] = &[
     ("destination", "access_key_id", Kind::Str),
     ("destination", "secret_access_key", Kind::Str),
     ("destination", "path", Kind::Str),
+    ("destination", "compression", Kind::Str),
     ("delivery", "batch_size", Kind::Int),
     ("delivery", "linger_ms", Kind::Int),
     ("delivery", "max_batch_bytes", Kind::Int),
@@ -993,6 +1001,19 @@ fn validate(raw: RawConfig) -> Result<Config> {
         )));
     }
 
+    let compression = match raw
+        .destination
+        .as_ref()
+        .and_then(|d| d.compression.as_deref())
+    {
+        None => Codec::None,
+        Some(name) => Codec::from_name(name).ok_or_else(|| {
+            Error::config(format!(
+                "destination.compression = {name:?}: use {}",
+                Codec::NAMES.join(", ")
+            ))
+        })?,
+    };
     let destination = match raw.destination {
         None => DestinationConfig::File {
             path: PathBuf::from(DEFAULT_ARCHIVE_DIR),
@@ -1123,6 +1144,7 @@ fn validate(raw: RawConfig) -> Result<Config> {
             slot,
         },
         destination,
+        compression,
         delivery,
     })
 }

@@ -213,6 +213,7 @@ mod tests {
             recorded: false,
             key: format!("k-{first}"),
             from_parked: false,
+            codec: None,
         }
     }
 

@@ -38,7 +38,6 @@ use datafusion::logical_expr::{
 };
 use datafusion::prelude::{Expr, SessionContext, ident, lit};
 use futures::{StreamExt, TryStreamExt};
-use object_store::path::Path as ObjectPath;
 use serde_json::{Map, Value};
 
 use super::catalog::Archive;
@@ -393,7 +392,7 @@ async fn apply_tail(
         .map(|o| {
             let (store, shape) = (Arc::clone(&store), Arc::clone(&shape));
             async move {
-                let body = listing::get(store.as_ref(), &ObjectPath::from(o.key.as_str())).await?;
+                let body = listing::get_ndjson(store.as_ref(), &o.key).await?;
                 tokio::task::spawn_blocking(move || typed_changes(&shape, &o, &body, &bounds))
                     .await
                     .map_err(|e| Error::bug(format!("parsing an archive object stopped: {e}")))?

@@ -27,7 +27,6 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use futures::StreamExt;
 use object_store::ObjectStore;
-use object_store::path::Path as ObjectPath;
 use serde_json::Value;
 
 use super::catalog::{Archive, Object};
@@ -408,7 +407,7 @@ impl PartitionStream for TailPartition {
             .then(move |o| {
                 let (store, kind, schema) = (Arc::clone(&store), kind.clone(), Arc::clone(&schema));
                 async move {
-                    let body = listing::get(store.as_ref(), &ObjectPath::from(o.key.as_str()))
+                    let body = listing::get_ndjson(store.as_ref(), &o.key)
                         .await
                         .map_err(|e| DataFusionError::External(Box::new(e)))?;
                     object_batch(&kind, &schema, &o, &body, &bounds)

@@ -1,4 +1,5 @@
-//! Object key layout: `[prefix/]YYYY/MM/DD/<pipeline>-<firstSeq>-<lastSeq>.ndjson`.
+//! Object key layout: `[prefix/]YYYY/MM/DD/<pipeline>-<firstSeq>-<lastSeq>.ndjson`,
+//! then `.gz` or `.zst` when the object is compressed (see [`super::codec`]).
 //!
 //! The date is the UTC commit date of the batch's first change, never the
 //! wall clock, so a retry after midnight writes the same key (DESIGN.md,
@@ -6,6 +7,7 @@
 
 use chrono::Datelike;
 
+use super::codec::Codec;
 use crate::pgtime;
 
 /// The object key of a batch.
@@ -15,6 +17,7 @@ pub fn batch_key(
     commit_ts: i64,
     first_seq: u64,
     last_seq: u64,
+    codec: Codec,
 ) -> String {
     let day = pgtime::to_utc(commit_ts);
     let mut key = String::with_capacity(64);
@@ -23,10 +26,11 @@ pub fn batch_key(
         key.push('/');
     }
     key.push_str(&format!(
-        "{:04}/{:02}/{:02}/{pipeline}-{first_seq}-{last_seq}.ndjson",
+        "{:04}/{:02}/{:02}/{pipeline}-{first_seq}-{last_seq}.ndjson{}",
         day.year(),
         day.month(),
-        day.day()
+        day.day(),
+        codec.suffix()
     ));
     key
 }
@@ -81,12 +85,16 @@ mod tests {
         // 2024-03-01 23:59:59.999999 UTC in Postgres micros.
         let ts: i64 = 1_709_337_599_999_999 - 946_684_800_000_000;
         assert_eq!(
-            batch_key(Some("waltail/prod"), "orders", ts, 1, 100),
+            batch_key(Some("waltail/prod"), "orders", ts, 1, 100, Codec::None),
             "waltail/prod/2024/03/01/orders-1-100.ndjson"
         );
         assert_eq!(
-            batch_key(None, "orders", ts + 1, 101, 101),
+            batch_key(None, "orders", ts + 1, 101, 101, Codec::None),
             "2024/03/02/orders-101-101.ndjson"
+        );
+        assert_eq!(
+            batch_key(None, "orders", ts, 1, 100, Codec::Zstd),
+            "2024/03/01/orders-1-100.ndjson.zst"
         );
     }
 

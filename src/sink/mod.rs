@@ -6,6 +6,7 @@
 //! replaces it; since a batch's key and bytes are deterministic, a retried or
 //! re-sent batch leaves exactly the same object.
 
+pub mod codec;
 pub mod layout;
 
 use std::sync::Arc;
@@ -145,8 +146,15 @@ impl Sink {
     pub async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
         let mut opts = PutOptions::default();
         if self.typed {
-            opts.attributes =
+            let mut attributes =
                 Attributes::from_iter([(Attribute::ContentType, content_type.to_string())]);
+            // A compressed archive object says how (its key does too).
+            if content_type == NDJSON_CONTENT_TYPE
+                && let Some(encoding) = codec::Codec::of_key(key).0.content_encoding()
+            {
+                attributes.insert(Attribute::ContentEncoding, encoding.into());
+            }
+            opts.attributes = attributes;
         }
         // The key is stored exactly as given (layout encodes what must be
         // encoded), so the key in logs and state is the object's name.

@@ -394,8 +394,29 @@ impl Drop for Waltail {
 #[derive(Debug, Clone)]
 pub struct Object {
     pub key: String,
+    /// The object's text: an archive object's NDJSON, decoded when it is
+    /// compressed (`.ndjson.gz`, `.ndjson.zst`).
     pub body: String,
     pub content_type: Option<String>,
+    pub content_encoding: Option<String>,
+}
+
+/// Whether `key` names an archive object (`.ndjson`, plain or compressed).
+pub fn is_archive_object(key: &str) -> bool {
+    waltail::sink::codec::Codec::of_key(key)
+        .1
+        .ends_with(".ndjson")
+}
+
+/// An object's bytes as text, decoded by its key's codec; `None` if they
+/// are not text.
+fn text_of(key: &str, bytes: bytes::Bytes) -> Option<String> {
+    let bytes = if is_archive_object(key) {
+        waltail::sink::codec::Codec::decode(key, bytes).unwrap_or_else(|e| panic!("{key}: {e}"))
+    } else {
+        bytes
+    };
+    String::from_utf8(bytes.to_vec()).ok()
 }
 
 pub fn admin_store() -> Arc<dyn ObjectStore> {
@@ -443,11 +464,17 @@ pub async fn objects_where(
             .attributes
             .get(&Attribute::ContentType)
             .map(|v| v.to_string());
-        let body = String::from_utf8(got.bytes().await.unwrap().to_vec()).unwrap();
+        let content_encoding = got
+            .attributes
+            .get(&Attribute::ContentEncoding)
+            .map(|v| v.to_string());
+        let key = meta.location.to_string();
+        let body = text_of(&key, got.bytes().await.unwrap()).unwrap();
         out.push(Object {
-            key: meta.location.to_string(),
+            key,
             body,
             content_type,
+            content_encoding,
         });
     }
     out.sort_by(|a, b| a.key.cmp(&b.key));
@@ -467,13 +494,16 @@ pub fn file_objects(root: &Path) -> Vec<Object> {
             } else if !p.to_string_lossy().contains('#') {
                 // `key#n` files are object_store's staging files, renamed into
                 // place when whole; a file may also be renamed under us.
-                let Ok(body) = std::fs::read_to_string(&p) else {
+                let key = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                let Some(body) = std::fs::read(&p).ok().and_then(|b| text_of(&key, b.into()))
+                else {
                     continue;
                 };
                 out.push(Object {
-                    key: p.strip_prefix(root).unwrap().to_string_lossy().into_owned(),
+                    key,
                     body,
                     content_type: None,
+                    content_encoding: None,
                 });
             }
         }
@@ -485,7 +515,8 @@ pub fn file_objects(root: &Path) -> Vec<Object> {
 }
 
 /// The archive's changes, checked against the output contract:
-/// - keys are `[prefix/]YYYY/MM/DD/<pipeline>-<first>-<last>.ndjson` and the
+/// - keys are `[prefix/]YYYY/MM/DD/<pipeline>-<first>-<last>.ndjson` (then
+///   `.gz` or `.zst` when compressed) and the
 ///   lines of each object carry exactly seqs first..=last, in order;
 /// - every line validates against schemas/change.schema.json, with the
 ///   contract's field order;
@@ -496,12 +527,12 @@ pub fn checked_changes(objects: &[Object], prefix: Option<&str>, pipeline: &str)
         serde_json::from_str(include_str!("../../schemas/change.schema.json")).unwrap();
     let validator = jsonschema::validator_for(&schema).unwrap();
     let key_re = format!(
-        "^{}[0-9]{{4}}/[0-9]{{2}}/[0-9]{{2}}/{pipeline}-([0-9]+)-([0-9]+)\\.ndjson$",
+        "^{}[0-9]{{4}}/[0-9]{{2}}/[0-9]{{2}}/{pipeline}-([0-9]+)-([0-9]+)\\.ndjson(?:\\.gz|\\.zst)?$",
         prefix.map(|p| format!("{p}/")).unwrap_or_default()
     );
     let key_re = regex_lite::Regex::new(&key_re).unwrap();
     let mut by_seq: BTreeMap<u64, Value> = BTreeMap::new();
-    for obj in objects.iter().filter(|o| o.key.ends_with(".ndjson")) {
+    for obj in objects.iter().filter(|o| is_archive_object(&o.key)) {
         let caps = key_re
             .captures(&obj.key)
             .unwrap_or_else(|| panic!("key {} does not follow the layout {key_re}", obj.key));
@@ -589,7 +620,7 @@ pub fn replay(changes: &[Value]) -> BTreeMap<String, BTreeMap<String, Value>> {
 pub fn seqs_of(objects: &[Object]) -> Vec<u64> {
     let mut seqs: Vec<u64> = objects
         .iter()
-        .filter(|o| o.key.ends_with(".ndjson"))
+        .filter(|o| is_archive_object(&o.key))
         .flat_map(|o| {
             o.body
                 .lines()
@@ -877,8 +908,5 @@ pub async fn download(prefix: &str, dir: &Path) {
 
 /// The archive's NDJSON objects under `prefix` (not the Parquet beside them).
 pub async fn ndjson_objects(prefix: &str) -> Vec<Object> {
-    objects_where(admin_store().as_ref(), prefix, |key| {
-        key.ends_with(".ndjson")
-    })
-    .await
+    objects_where(admin_store().as_ref(), prefix, is_archive_object).await
 }
