@@ -75,12 +75,12 @@ fn word() -> impl Strategy<Value = u32> {
 fn edit() -> impl Strategy<Value = Edit> {
     let at = any::<usize>();
     prop_oneof![
-        (at.clone(), 0..8u8).prop_map(|(a, b)| Edit::Flip(a, b)),
-        (at.clone(), byte()).prop_map(|(a, b)| Edit::Set(a, b)),
-        (at.clone(), word()).prop_map(|(a, w)| Edit::Word(a, w)),
-        (at.clone(), byte()).prop_map(|(a, b)| Edit::Insert(a, b)),
-        at.clone().prop_map(Edit::Remove),
-        at.clone().prop_map(Edit::Cut),
+        (at, 0..8u8).prop_map(|(a, b)| Edit::Flip(a, b)),
+        (at, byte()).prop_map(|(a, b)| Edit::Set(a, b)),
+        (at, word()).prop_map(|(a, w)| Edit::Word(a, w)),
+        (at, byte()).prop_map(|(a, b)| Edit::Insert(a, b)),
+        at.prop_map(Edit::Remove),
+        at.prop_map(Edit::Cut),
         (at, 1..16usize).prop_map(|(a, n)| Edit::Repeat(a, n)),
     ]
 }

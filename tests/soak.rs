@@ -61,7 +61,7 @@ async fn writer(url: String, seed: u64, stop: Arc<AtomicBool>, written: Arc<Writ
         let bulk = Instant::now() >= next_bulk;
         let sql = if bulk {
             next_bulk = Instant::now() + Duration::from_secs(rng.u64(60..120));
-            if written.bulk.load(Ordering::Relaxed) % 2 == 0 {
+            if written.bulk.load(Ordering::Relaxed).is_multiple_of(2) {
                 "BEGIN; INSERT INTO orders (id, customer, status, total, note) \
                  SELECT g, 'bulk', 'new', g % 1000, repeat('x', 30) \
                  FROM generate_series(1000000, 1019999) g; COMMIT;"
@@ -134,6 +134,11 @@ async fn soak_under_kills_freezes_and_restarts_loses_nothing_and_duplicates_noth
     let mut next_freeze = Instant::now() + Duration::from_secs(rng.u64(60..=180));
     let mut next_restart = Instant::now() + Duration::from_secs(rng.u64(180..=300));
     let mut frozen_until: Option<Instant> = None;
+    // A restart runs on while the loop goes on: the server's shutdown
+    // waits until waltail has confirmed what it was sent, which needs a
+    // frozen store back and parked batches replayed (or the run killed).
+    let mut restarting: Option<(Instant, std::process::Child)> = None;
+    let mut longest_restart = Duration::ZERO;
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let now = Instant::now();
@@ -141,10 +146,11 @@ async fn soak_under_kills_freezes_and_restarts_loses_nothing_and_duplicates_noth
             w.kill9();
             kills += 1;
             // Started again at once, or after a pause as a supervisor's
-            // backoff would; it may have to wait for a frozen store.
+            // backoff would; it may have to wait for a frozen store or for
+            // Postgres to come back.
             tokio::time::sleep(Duration::from_millis(rng.u64(0..2000))).await;
             w.spawn(&["run"]);
-            w.wait_log("streaming", Duration::from_secs(120));
+            w.wait_log("streaming", Duration::from_secs(300));
             next_kill = Instant::now() + Duration::from_secs(rng.u64(10..=40));
         }
         // A freeze runs on while the run is killed and Postgres restarts.
@@ -167,16 +173,35 @@ async fn soak_under_kills_freezes_and_restarts_loses_nothing_and_duplicates_noth
             frozen_until = Some(now + held);
             freezes += 1;
         }
-        if now >= next_restart {
+        if let Some((since, child)) = restarting.as_mut() {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "pg_ctl restart failed: {status}");
+                let took = since.elapsed();
+                println!(
+                    "{:>5} s: Postgres is back after {took:.1?}",
+                    start.elapsed().as_secs()
+                );
+                longest_restart = longest_restart.max(took);
+                restarts += 1;
+                restarting = None;
+                next_restart = Instant::now() + Duration::from_secs(rng.u64(180..=300));
+            }
+        } else if now >= next_restart {
             println!("{:>5} s: Postgres restarts", start.elapsed().as_secs());
-            pg.restart();
-            restarts += 1;
-            next_restart = Instant::now() + Duration::from_secs(rng.u64(180..=300));
+            restarting = Some((Instant::now(), pg.restart_in_background(900)));
         }
+    }
+    proxy.set_mode(Mode::Pass);
+    if let Some((since, mut child)) = restarting.take() {
+        // What holds it back (a parked batch) is replayed below; a restart
+        // that started must end before the tables are read.
+        let _ = w.output(&["parked", "replay", "--all"]);
+        assert!(child.wait().unwrap().success(), "pg_ctl restart failed");
+        longest_restart = longest_restart.max(since.elapsed());
+        restarts += 1;
     }
     stop.store(true, Ordering::Relaxed);
     writing.await.unwrap();
-    proxy.set_mode(Mode::Pass);
     db.reconnect().await;
 
     // Whatever is still parked is replayed, then the archive must reach
@@ -217,7 +242,7 @@ async fn soak_under_kills_freezes_and_restarts_loses_nothing_and_duplicates_noth
         |c: &&Value| c["data"]["customer"] == "bulk" || c["old"]["id"].as_i64() >= Some(1_000_000);
     println!(
         "soak passed: {secs} s, seed {seed}; {kills} kill -9s, {freezes} store freezes \
-         ({replays} replays), {restarts} Postgres restarts; {} transactions and {} of \
+         ({replays} replays), {restarts} Postgres restarts (the longest {longest_restart:.1?}); {} transactions and {} of \
          20,000 rows committed ({} cut by a restart); {} changes in {} objects, seqs 1..={} \
          each once, 0 lost, 0 duplicated; {} changes of large transactions",
         written.transactions.load(Ordering::Relaxed),

@@ -225,6 +225,10 @@ impl DedicatedPg {
     /// `pg_ctl <args>` on this server's data folder, as the postgres OS user
     /// when running as root (Postgres refuses to run as root).
     fn pg_ctl(&self, args: &[&str]) -> Output {
+        self.pg_ctl_command(args).output().unwrap()
+    }
+
+    fn pg_ctl_command(&self, args: &[&str]) -> Command {
         let pg_ctl = pg_bin().join("pg_ctl");
         let mut cmd = if is_root() {
             let mut c = Command::new("runuser");
@@ -239,8 +243,20 @@ impl DedicatedPg {
             .arg("-l")
             .arg(self.root.join("server.log"))
             .args(args)
-            .current_dir("/")
-            .output()
+            .current_dir("/");
+        cmd
+    }
+
+    /// Starts a fast restart that waits up to `secs` for the server to go
+    /// down and come back; the caller waits for the child. A shutdown
+    /// waits for each logical walsender's client to confirm the WAL it was
+    /// sent, so it lasts as long as the client cannot (a store down, a
+    /// batch parked).
+    pub fn restart_in_background(&self, secs: u32) -> std::process::Child {
+        self.pg_ctl_command(&["-m", "fast", "-w", "-t", &secs.to_string(), "restart"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
             .unwrap()
     }
 
