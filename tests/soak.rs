@@ -216,8 +216,10 @@ async fn soak_under_kills_freezes_and_restarts_loses_nothing_and_duplicates_noth
             "the archive did not reach the tables within 10 minutes of the last fault:\n{}",
             w.log()
         );
-        let (status, stdout, stderr) = w.output(&["parked", "replay", "--all"]);
-        assert!(status.success(), "{stdout}{stderr}");
+        if w.parked_counts().0 > 0 {
+            let (status, stdout, stderr) = w.output(&["parked", "replay", "--all"]);
+            assert!(status.success(), "{stdout}{stderr}");
+        }
         let new = objects_where(store.as_ref(), &prefix, |k| !objects.contains_key(k)).await;
         objects.extend(new.into_iter().map(|o| (o.key.clone(), o)));
         let all: Vec<Object> = objects.values().cloned().collect();
