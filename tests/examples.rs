@@ -3,24 +3,36 @@
 
 use std::collections::BTreeMap;
 
+/// The example configuration files, with their text.
+fn example_configs() -> Vec<(std::path::PathBuf, String)> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+    let mut found: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "toml"))
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).unwrap();
+            (path, text)
+        })
+        .collect();
+    found.sort();
+    assert!(
+        found.len() >= 4,
+        "examples for AWS S3, MinIO, R2 and SeaweedFS"
+    );
+    found
+}
+
 #[test]
 fn every_example_config_is_valid() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
-    let mut n = 0;
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "toml") {
-            let text = std::fs::read_to_string(&path).unwrap();
-            waltail::config::Config::from_parts(
-                Some(&text),
-                &path.display().to_string(),
-                &BTreeMap::new(),
-            )
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            n += 1;
-        }
+    for (path, text) in example_configs() {
+        waltail::config::Config::from_parts(
+            Some(&text),
+            &path.display().to_string(),
+            &BTreeMap::new(),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
-    assert!(n >= 4, "examples for AWS S3, MinIO, R2 and SeaweedFS");
 }
 
 /// The JSON Schema of waltail.toml in schemas/ is what the binary derives
@@ -42,22 +54,14 @@ fn the_config_schema_is_current_and_every_example_validates() {
     );
     let schema: serde_json::Value = serde_json::from_str(&stored).unwrap();
     let validator = jsonschema::validator_for(&schema).unwrap();
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
-    let mut n = 0;
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "toml") {
-            let text = std::fs::read_to_string(&path).unwrap();
-            let value: serde_json::Value = toml::from_str(&text).unwrap();
-            let errors: Vec<String> = validator
-                .iter_errors(&value)
-                .map(|e| e.to_string())
-                .collect();
-            assert!(errors.is_empty(), "{}: {errors:?}", path.display());
-            n += 1;
-        }
+    for (path, text) in example_configs() {
+        let value: serde_json::Value = toml::from_str(&text).unwrap();
+        let errors: Vec<String> = validator
+            .iter_errors(&value)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{}: {errors:?}", path.display());
     }
-    assert!(n >= 4);
     // And what it must refuse: an unknown key, a value out of range, a
     // destination type that does not exist.
     let valid =
