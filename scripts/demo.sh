@@ -60,8 +60,9 @@ echo "archived: $(find waltail-archive -name '*.ndjson' | sort | tail -1)" >&2
 echo "compacting the archive into Delta tables (waltail compact)..." >&2
 "$bin" compact
 echo >&2
-echo "the table as the archive holds it (waltail query \"SELECT * FROM public.orders\"):" >&2
-"$bin" query "SELECT id, customer, status, total, items FROM public.orders ORDER BY id"
+sql="SELECT id, customer, status, total, items FROM public.orders ORDER BY id"
+echo "the table as the archive holds it (waltail query \"$sql\"):" >&2
+"$bin" query "$sql"
 cat >&2 <<MSG
 
 waltail is streaming public.orders into ./waltail-archive (Ctrl-C stops it cleanly).
