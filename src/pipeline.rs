@@ -998,7 +998,7 @@ impl Pipeline<'_> {
             batch.last_seq,
             codec,
         );
-        batch.body = codec.encode(std::mem::take(&mut batch.body));
+        batch.body = codec.encode(std::mem::take(&mut batch.body))?;
         self.waiting_bytes += batch.body.len();
         self.waiting.push_back(batch);
         Ok(())

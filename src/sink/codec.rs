@@ -86,21 +86,21 @@ impl Codec {
         }
     }
 
-    /// `body` encoded (the same bytes every time for the same body).
-    pub fn encode(self, body: Vec<u8>) -> Vec<u8> {
-        match self {
-            Codec::None => body,
+    /// `body` encoded (the same bytes every time for the same body). An
+    /// encoder's failure is an error, never an empty object.
+    pub fn encode(self, body: Vec<u8>) -> Result<Vec<u8>> {
+        let encoded = match self {
+            Codec::None => return Ok(body),
             Codec::Gzip => {
                 let mut out = flate2::write::GzEncoder::new(
                     Vec::with_capacity(body.len() / 4),
                     flate2::Compression::new(GZIP_LEVEL),
                 );
-                // Writing to a Vec cannot fail.
-                let _ = out.write_all(&body);
-                out.finish().unwrap_or_default()
+                out.write_all(&body).and_then(|()| out.finish())
             }
-            Codec::Zstd => zstd::bulk::compress(&body, ZSTD_LEVEL).unwrap_or_default(),
-        }
+            Codec::Zstd => zstd::bulk::compress(&body, ZSTD_LEVEL),
+        };
+        encoded.map_err(|e| Error::bug(format!("{} encoding of a batch failed: {e}", self.name())))
     }
 
     /// The NDJSON of the object `key` whose stored bytes are `body`.
@@ -147,10 +147,10 @@ mod tests {
             .collect();
         for codec in [Codec::None, Codec::Gzip, Codec::Zstd] {
             let key = format!("p/2026/12/03/w-1-2000.ndjson{}", codec.suffix());
-            let encoded = codec.encode(body.clone());
+            let encoded = codec.encode(body.clone()).unwrap();
             assert_eq!(
                 encoded,
-                codec.encode(body.clone()),
+                codec.encode(body.clone()).unwrap(),
                 "{codec:?} is not deterministic"
             );
             if codec != Codec::None {
@@ -167,7 +167,7 @@ mod tests {
         }
         // gzip with no file name and no time: the standard header, so the
         // same on every machine.
-        let gz = Codec::Gzip.encode(b"x\n".to_vec());
+        let gz = Codec::Gzip.encode(b"x\n".to_vec()).unwrap();
         assert_eq!(&gz[..10], &[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff]);
     }
 
@@ -180,7 +180,7 @@ mod tests {
             err.contains("p/w-1-2.ndjson.gz") && err.contains("damaged"),
             "{err}"
         );
-        let mut zst = Codec::Zstd.encode(b"{\"a\":1}\n".repeat(100));
+        let mut zst = Codec::Zstd.encode(b"{\"a\":1}\n".repeat(100)).unwrap();
         zst.truncate(zst.len() - 3);
         assert!(Codec::decode("w-1-2.ndjson.zst", zst.into()).is_err());
     }
