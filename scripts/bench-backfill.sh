@@ -2,30 +2,38 @@
 # Backfill throughput against the raw ceiling, on one machine, in one run:
 #   1. ceiling: `COPY (SELECT * FROM bench) TO STDOUT` into /dev/null (psql),
 #      Postgres reading and sending every row as text;
-#   2. `waltail backfill --yes` of the same table into SeaweedFS (no pipeline
-#      running, so it runs one itself: read in chunks between watermarks,
-#      store the chunk, render JSON, batch, PUT, confirm), twice: at the
-#      default backfill.batch_size (1000 read events per object) and at
-#      BATCH (5000);
-# prints rows/s for each, the ratio to COPY and waltail's peak RSS.
+#   2. `waltail backfill --yes` of the same table (no pipeline running, so it
+#      runs one itself), into each destination of DESTS (a local folder, and
+#      SeaweedFS on the same cores), at each backfill.parallelism of
+#      PARALLELISM, at backfill.batch_size BATCH read events per object;
+# prints rows/s for each, the ratio to COPY, waltail's peak RSS and, into
+# SeaweedFS, the CPU per object of waltail and of the store.
+# With LAT_RATE set (tx/s), a last pass backfills into the folder while
+# `waltail run` streams one-row transactions into another table at that rate
+# (pgbench), and prints the commit-to-object latency of those changes.
 # Uses its own Postgres (port 55490) and SeaweedFS (ports 18700-18709), so it
 # can run beside the tests (not beside another benchmark); stops both by pid.
 # Usage: scripts/bench-backfill.sh                      (release build; ROWS=1000000)
 #        ROWS=100000 scripts/bench-backfill.sh          (quick check)
+#        ROWS=10000000 DESTS=folder PARALLELISM=2 scripts/bench-backfill.sh  (memory)
+#        LAT_RATE=500 scripts/bench-backfill.sh         (streaming latency during a backfill)
 #        BENCH_BIN=path/to/waltail scripts/bench-backfill.sh  (that binary, no build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROWS=${ROWS:-1000000}
-BATCH=${BATCH:-5000}
+BATCH=${BATCH:-1000}
 CHUNK=${CHUNK:-5000}
+DESTS=${DESTS:-folder s3}
+PARALLELISM=${PARALLELISM:-1 2}
+LAT_RATE=${LAT_RATE:-}
 base=${TMPDIR:-/tmp}
 export PG_ROOT=$base/waltail-bench-backfill-pg PG_PORT=55490
 export S3_ROOT=$base/waltail-bench-backfill-s3 S3_PORT_BASE=18700
 work=$(mktemp -d)
 PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)}
-wt= sampler=
+wt= sampler= bg=
 cleanup() {
-  for p in $wt $sampler; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  for p in $wt $sampler $bg; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   scripts/s3-stop.sh >/dev/null 2>&1 || true
   scripts/pg-stop.sh >/dev/null 2>&1 || true
   rm -rf "$work"
@@ -61,33 +69,123 @@ psql -c "COPY (SELECT * FROM bench) TO STDOUT" >/dev/null
 copy_secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
 copy_rate=$(rate "$ROWS" "$copy_secs")
 
-# Runs `waltail backfill --yes` as pipeline $1 with batch size $2; prints
-# "<seconds> <peak RSS MB>".
-backfill() {
-  local log=$work/$1.log peak=$work/$1.peak
-  t0=$(now)
-  WALTAIL_PIPELINE=$1 WALTAIL_BACKFILL_BATCH_SIZE=$2 \
-    "$bin" backfill --yes --chunk-size "$CHUNK" >"$log" 2>&1 &
-  wt=$!
-  # VmHWM is gone once the process exits: sample it while it runs.
-  ( m=0; while [ -r "/proc/$wt/status" ]; do
-      v=$(awk '/VmHWM/ {print $2}' "/proc/$wt/status" 2>/dev/null || true)
-      [ -n "$v" ] && [ "$v" -gt "$m" ] && m=$v && echo "$m" >"$peak"
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat"; }
+weed_pid=$(cat "$S3_ROOT/weed.pid")
+# Runs waltail with destination $1 (folder or s3) as pipeline $2; the rest
+# are its arguments.
+waltail_to() {
+  local dest=$1 name=$2; shift 2
+  if [ "$dest" = folder ]; then
+    env -u WALTAIL_DESTINATION_BUCKET -u WALTAIL_DESTINATION_ENDPOINT -u WALTAIL_DESTINATION_USE_PATH_STYLE \
+      -u WALTAIL_DESTINATION_ACCESS_KEY_ID -u WALTAIL_DESTINATION_SECRET_ACCESS_KEY \
+      WALTAIL_DESTINATION_TYPE=file WALTAIL_DESTINATION_PATH="$work/archive-$name" \
+      WALTAIL_PIPELINE=$name WALTAIL_STATE_DIR=$work/state-$name "$bin" "$@"
+  else
+    WALTAIL_DESTINATION_PREFIX=$name WALTAIL_PIPELINE=$name WALTAIL_STATE_DIR=$work/state-$name "$bin" "$@"
+  fi
+}
+# Samples VmHWM of pid $1 into file $2 while it runs (gone once it exits).
+sample_peak() {
+  ( m=0; while [ -r "/proc/$1/status" ]; do
+      v=$(awk '/VmHWM/ {print $2}' "/proc/$1/status" 2>/dev/null || true)
+      [ -n "$v" ] && [ "$v" -gt "$m" ] && m=$v && echo "$m" >"$2"
       sleep 0.1
     done ) &
   sampler=$!
+}
+# Objects of `read` events: the rows fill objects of BATCH events (a linger
+# may cut a few short, so this is a floor and the CPU per object a ceiling).
+objects=$(( (ROWS + BATCH - 1) / BATCH ))
+# backfill DEST PARALLELISM: one `waltail backfill --yes` run; prints
+# "<seconds> <peak RSS MB> <waltail CPU s> <store CPU s> <objects>".
+backfill() {
+  local dest=$1 par=$2 name=bf-$1-$2-$RANDOM
+  local log=$work/$name.log peak=$work/$name.peak
+  psql -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active" >/dev/null
+  local weed0; weed0=$(cpu_s "$weed_pid")
+  t0=$(now)
+  WALTAIL_BACKFILL_BATCH_SIZE=$BATCH WALTAIL_BACKFILL_PARALLELISM=$par \
+    waltail_to "$dest" "$name" backfill --yes --chunk-size "$CHUNK" >"$log" 2>&1 &
+  wt=$!
+  sample_peak "$wt" "$peak"
+  local cpu=0
+  while kill -0 "$wt" 2>/dev/null; do
+    c=$(cpu_s "$wt" 2>/dev/null || true); [ -n "$c" ] && cpu=$c
+    sleep 0.2
+  done
   if ! wait "$wt"; then echo "waltail backfill failed:" >&2; cat "$log" >&2; exit 1; fi
   local secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
   wt=; wait "$sampler" 2>/dev/null || true; sampler=
   grep -q "public.bench: done" "$log" || { cat "$log" >&2; exit 1; }
-  echo "$secs $(awk '{printf "%.1f", $1/1024}' "$peak")"
+  local weed; weed=$(awk -v a="$weed0" -v b="$(cpu_s "$weed_pid")" 'BEGIN { print b - a }')
+  [ "$dest" = s3 ] || weed=0
+  echo "$secs $(awk '{printf "%.1f", $1/1024}' "$peak") $cpu $weed"
 }
-read -r d_secs d_rss < <(backfill bench-default 1000)
-read -r b_secs b_rss < <(backfill bench-batch "$BATCH")
-d_rate=$(rate "$ROWS" "$d_secs"); b_rate=$(rate "$ROWS" "$b_secs")
 
-printf '\nbackfill of %s rows (%s on disk), chunks of %s rows, SeaweedFS on the same machine\n' "$ROWS" "$size" "$CHUNK"
-printf '%-44s %12s %8s %10s\n' "" "rows/s" "ratio" "peak RSS"
-printf '%-44s %12s %8s %10s\n' "COPY (SELECT * FROM bench) TO STDOUT" "$copy_rate" "1.00" "-"
-printf '%-44s %12s %8s %10s\n' "waltail backfill, 1000 rows/object (default)" "$d_rate" "$(ratio "$d_rate" "$copy_rate")" "$d_rss MB"
-printf '%-44s %12s %8s %10s\n' "waltail backfill, $BATCH rows/object" "$b_rate" "$(ratio "$b_rate" "$copy_rate")" "$b_rss MB"
+printf '\nbackfill of %s rows (%s on disk), chunks of %s rows, %s read events per object\n' "$ROWS" "$size" "$CHUNK" "$BATCH"
+printf '%-46s %10s %7s %10s %s\n' "" "rows/s" "ratio" "peak RSS" "CPU ms per object: waltail / store"
+printf '%-46s %10s %7s %10s\n' "COPY (SELECT * FROM bench) TO STDOUT" "$copy_rate" "1.00" "-"
+for dest in $DESTS; do
+  for par in $PARALLELISM; do
+    read -r secs rss cpu weed < <(backfill "$dest" "$par")
+    r=$(rate "$ROWS" "$secs")
+    per=$(awk -v w="$cpu" -v s="$weed" -v n="$objects" 'BEGIN { printf "%.2f / %s", w * 1000 / n, (s > 0 ? sprintf("%.2f", s * 1000 / n) : "-") }')
+    printf '%-46s %10s %7s %10s %s (%s objects)\n' "waltail backfill -> $dest, parallelism $par" "$r" "$(ratio "$r" "$copy_rate")" "$rss MB" "$per" "$objects"
+  done
+done
+
+if [ -n "$LAT_RATE" ]; then
+  # Streaming latency while a backfill runs: `waltail run` streams bench and
+  # lat into the folder; pgbench inserts into lat at LAT_RATE tx/s, each row
+  # carrying clock_timestamp(); `waltail backfill --yes` asks the running
+  # pipeline to backfill bench and follows it. An object arrives at its
+  # file's mtime (the folder store writes a staging file and renames it).
+  psql -c "CREATE TABLE lat (id bigserial PRIMARY KEY, at timestamptz NOT NULL)"
+  echo "INSERT INTO lat (at) VALUES (clock_timestamp());" >"$work/lat.sql"
+  name=lat-$RANDOM
+  export WALTAIL_SOURCE_TABLES=public.bench,public.lat WALTAIL_SOURCE_PUBLICATION=waltail_lat
+  waltail_to folder "$name" run >"$work/$name.log" 2>&1 &
+  wt=$!
+  until grep -q streaming "$work/$name.log"; do
+    kill -0 "$wt" 2>/dev/null || { cat "$work/$name.log" >&2; exit 1; }
+    sleep 0.05
+  done
+  sample_peak "$wt" "$work/$name.peak"
+  "$PG_BIN/pgbench" -n -f "$work/lat.sql" -R "$LAT_RATE" -T 3600 -c 8 -j 2 "$url" >"$work/pgbench.out" 2>&1 &
+  bg=$!
+  sleep 2
+  t0=$(now)
+  waltail_to folder "$name" backfill --yes --chunk-size "$CHUNK" >"$work/$name.backfill.log" 2>&1 \
+    || { cat "$work/$name.backfill.log" >&2; exit 1; }
+  secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
+  kill -INT "$bg"; wait "$bg" 2>/dev/null || true; bg=
+  sleep 2
+  kill -INT "$wt"; wait "$wt" || true; wt=
+  wait "$sampler" 2>/dev/null || true; sampler=
+  rows=$(psql -c "SELECT count(*) FROM lat")
+  lat=$(python3 - "$work/archive-$name" "$rows" <<'PY'
+import datetime, json, os, sys
+root, rows = sys.argv[1], int(sys.argv[2])
+lat = []
+for d, _, files in os.walk(root):
+    for f in files:
+        if not f.endswith(".ndjson"):
+            continue
+        p = os.path.join(d, f)
+        arrived = os.stat(p).st_mtime_ns / 1e9
+        with open(p) as fh:
+            for line in fh:
+                e = json.loads(line)
+                if e.get("table") != "public.lat" or e.get("op") != "insert":
+                    continue
+                at = datetime.datetime.fromisoformat(e["data"]["at"]).timestamp()
+                lat.append(arrived - at)
+lat.sort()
+pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000
+note = "" if len(lat) == rows else f" (WARNING: {len(lat)} lines for {rows} rows)"
+print(f"p50 {pct(0.50):.0f} ms, p99 {pct(0.99):.0f} ms, max {lat[-1] * 1000:.0f} ms over {len(lat)} changes{note}")
+PY
+)
+  printf '\nstreamed changes at %s tx/s while `waltail backfill` read %s rows in %.1f s (%s rows/s) into the folder:\n  %s; peak RSS %s MB\n' \
+    "$LAT_RATE" "$ROWS" "$secs" "$(rate "$ROWS" "$secs")" "$lat" "$(awk '{printf "%.1f", $1/1024}' "$work/$name.peak")"
+fi

@@ -128,27 +128,48 @@ CREATE TABLE IF NOT EXISTS backfill_chunks (
     stored    INTEGER NOT NULL DEFAULT 0,
     done      INTEGER NOT NULL DEFAULT 0,
     hw_end    INTEGER,
-    body      BLOB
+    body      BLOB,
+    range_id  INTEGER,
+    lane      INTEGER NOT NULL DEFAULT 0,
+    skipped   BLOB
+);
+CREATE TABLE IF NOT EXISTS backfill_ranges (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    backfill  INTEGER NOT NULL,
+    lo        TEXT,
+    hi        TEXT,
+    last_key  TEXT,
+    done      INTEGER NOT NULL DEFAULT 0
 );
 ";
 
-/// Adds `intents.codec` to a state written before objects could be
-/// compressed (its intents are plain NDJSON: the column stays NULL). Two
-/// processes opening the state at once may both try; the loser finds the
-/// column there.
-fn add_intent_codec(conn: &Connection) -> rusqlite::Result<()> {
+/// Adds a column to a table of a state written before it existed (e.g.
+/// `intents.codec`, before objects could be compressed: its intents are
+/// plain NDJSON and the column stays NULL). Two processes opening the state
+/// at once may both try; the loser finds the column there.
+fn add_column(conn: &Connection, table: &str, column: &str, decl: &str) -> rusqlite::Result<()> {
     let has = |conn: &Connection| {
-        conn.prepare("SELECT 1 FROM pragma_table_info('intents') WHERE name = 'codec'")?
-            .exists([])
+        conn.prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
+            .exists([table, column])
     };
     if has(conn)? {
         return Ok(());
     }
-    match conn.execute_batch("ALTER TABLE intents ADD COLUMN codec TEXT") {
+    match conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}")) {
         Err(_) if has(conn)? => Ok(()),
         other => other,
     }
 }
+
+/// The columns added to the state since its first release.
+const ADDED_COLUMNS: [(&str, &str, &str); 4] = [
+    ("intents", "codec", "TEXT"),
+    // Parallel backfill: the key range a chunk reads, the reader (lane) it
+    // belongs to, and which of its rows were left out at its high watermark.
+    ("backfill_chunks", "range_id", "INTEGER"),
+    ("backfill_chunks", "lane", "INTEGER NOT NULL DEFAULT 0"),
+    ("backfill_chunks", "skipped", "BLOB"),
+];
 
 /// Where a parked-table batch stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -277,7 +298,9 @@ impl Checkpoint {
         // pipeline could lose ~200 ms per write; retry every millisecond.
         conn.busy_handler(Some(retry_busy)).map_err(err)?;
         conn.execute_batch(SCHEMA).map_err(err)?;
-        add_intent_codec(&conn).map_err(err)?;
+        for (table, column, decl) in ADDED_COLUMNS {
+            add_column(&conn, table, column, decl).map_err(err)?;
+        }
         let state = Checkpoint {
             conn,
             path: path.to_path_buf(),
@@ -641,6 +664,21 @@ pub struct Chunk {
     /// Its rows are stored (the high watermark follows only then).
     pub stored: bool,
     pub done: bool,
+    /// The reader that read it; its watermarks carry the same lane.
+    pub lane: u32,
+}
+
+/// A part of a table's key space that one reader walks in chunks: keys
+/// after `lo` up to and including `hi` (each a JSON array of the key
+/// columns' text values; `None`: unbounded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRange {
+    pub id: i64,
+    pub lo: Option<String>,
+    pub hi: Option<String>,
+    /// The key of the last row handed over; the next chunk starts after it.
+    pub last_key: Option<String>,
+    pub done: bool,
 }
 
 const BACKFILL_COLUMNS: &str = "id, schema_name, table_name, status, chunk_size, estimate, \
@@ -770,27 +808,74 @@ impl Checkpoint {
             .map_err(self.err())
     }
 
-    /// A new chunk of `backfill`, before its low watermark is written.
-    pub fn new_chunk(&mut self, backfill: i64) -> Result<i64> {
+    /// The key ranges of `backfill`, in key order (none before its readers
+    /// first start).
+    pub fn ranges(&self, backfill: i64) -> Result<Vec<KeyRange>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, lo, hi, last_key, done FROM backfill_ranges WHERE backfill = ?1 ORDER BY id")
+            .map_err(self.err())?;
+        stmt.query_map([backfill], |r| {
+            Ok(KeyRange {
+                id: r.get(0)?,
+                lo: r.get(1)?,
+                hi: r.get(2)?,
+                last_key: r.get(3)?,
+                done: r.get(4)?,
+            })
+        })
+        .and_then(|rows| rows.collect())
+        .map_err(self.err())
+    }
+
+    /// Records the key ranges `(lo, hi)` of `backfill`, in key order; the
+    /// first starts after `resume` (the position of a backfill begun before
+    /// ranges existed) if given.
+    pub fn add_ranges(
+        &mut self,
+        backfill: i64,
+        ranges: &[(Option<String>, Option<String>)],
+        resume: Option<&str>,
+    ) -> Result<()> {
+        let path = self.path.display().to_string();
+        let err = |source| Error::State {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(err)?;
+        for (i, (lo, hi)) in ranges.iter().enumerate() {
+            tx.execute(
+                "INSERT INTO backfill_ranges (backfill, lo, hi, last_key) VALUES (?1, ?2, ?3, ?4)",
+                params![backfill, lo, hi, if i == 0 { resume } else { None }],
+            )
+            .map_err(err)?;
+        }
+        tx.commit().map_err(err)
+    }
+
+    /// A new chunk of `backfill` in key range `range`, read by reader
+    /// `lane`, before its low watermark is written.
+    pub fn new_chunk(&mut self, backfill: i64, range: i64, lane: u32) -> Result<i64> {
         self.conn
             .execute(
-                "INSERT INTO backfill_chunks (backfill) VALUES (?1)",
-                [backfill],
+                "INSERT INTO backfill_chunks (backfill, range_id, lane) VALUES (?1, ?2, ?3)",
+                params![backfill, range, lane],
             )
             .map_err(self.err())?;
         Ok(self.conn.last_insert_rowid())
     }
 
-    /// The latest chunk of `backfill` that is not done, if any: one whose
-    /// high watermark may still be on its way through the stream.
-    pub fn unfinished_chunk(&self, backfill: i64) -> Result<Option<i64>> {
-        self.conn
-            .query_row(
-                "SELECT id FROM backfill_chunks WHERE backfill = ?1 AND done = 0 ORDER BY id DESC LIMIT 1",
-                [backfill],
-                |r| r.get(0),
+    /// The chunks of `backfill` that are not done, with their lanes: their
+    /// high watermarks may still be on their way through the stream.
+    pub fn unfinished_chunks(&self, backfill: i64) -> Result<Vec<(i64, u32)>> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT id, lane FROM backfill_chunks WHERE backfill = ?1 AND done = 0 ORDER BY id",
             )
-            .optional()
+            .map_err(self.err())?;
+        stmt.query_map([backfill], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(|rows| rows.collect())
             .map_err(self.err())
     }
 
@@ -826,7 +911,7 @@ impl Checkpoint {
     pub fn chunk(&self, chunk: i64) -> Result<Option<Chunk>> {
         self.conn
             .query_row(
-                "SELECT c.id, c.backfill, b.schema_name, b.table_name, c.members, c.stored, c.done
+                "SELECT c.id, c.backfill, b.schema_name, b.table_name, c.members, c.stored, c.done, c.lane
                  FROM backfill_chunks c JOIN backfills b ON b.id = c.backfill WHERE c.id = ?1",
                 [chunk],
                 |r| {
@@ -838,6 +923,7 @@ impl Checkpoint {
                         members: r.get(4)?,
                         stored: r.get(5)?,
                         done: r.get(6)?,
+                        lane: r.get(7)?,
                     })
                 },
             )
@@ -869,34 +955,76 @@ impl Checkpoint {
         })
     }
 
+    /// The places (in key order) of the rows a done chunk left out at its
+    /// high watermark: they changed inside its window.
+    pub fn chunk_skipped(&self, chunk: i64) -> Result<Vec<u32>> {
+        let blob: Option<Vec<u8>> = self
+            .conn
+            .query_row(
+                "SELECT skipped FROM backfill_chunks WHERE id = ?1",
+                [chunk],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(self.err())?
+            .flatten();
+        Ok(blob
+            .unwrap_or_default()
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("four bytes")))
+            .collect())
+    }
+
     /// Records that a chunk's rows were handed to the pipeline (`sent` of
-    /// them as `read` events) at the high watermark ending at `hw_end`: the
-    /// backfill moves past its last key, and is done after its last chunk.
-    /// Idempotent: a chunk seen again after a restart counts once.
-    pub fn complete_chunk(&mut self, chunk: i64, hw_end: u64, sent: u64) -> Result<()> {
+    /// them as `read` events; the rows at the places `skipped` left out) at
+    /// the high watermark ending at `hw_end`: its key range moves past its
+    /// last key and is done after its last chunk; the backfill is done when
+    /// every range is. Idempotent: a chunk seen again after a restart
+    /// counts once.
+    pub fn complete_chunk(
+        &mut self,
+        chunk: i64,
+        hw_end: u64,
+        sent: u64,
+        skipped: &[u32],
+    ) -> Result<()> {
         let path = self.path.display().to_string();
         let err = |source| Error::State {
             path: path.clone(),
             source,
         };
+        let skipped: Vec<u8> = skipped.iter().flat_map(|i| i.to_le_bytes()).collect();
         let tx = self.conn.transaction().map_err(err)?;
         let changed = tx
             .execute(
-                "UPDATE backfill_chunks SET done = 1, hw_end = ?2 WHERE id = ?1 AND done = 0",
-                params![chunk, hw_end as i64],
+                "UPDATE backfill_chunks SET done = 1, hw_end = ?2, skipped = ?3 WHERE id = ?1 AND done = 0",
+                params![chunk, hw_end as i64, skipped],
             )
             .map_err(err)?;
         if changed == 1 {
             tx.execute(
-                "UPDATE backfills SET
-                     rows_read = rows_read + (SELECT rows FROM backfill_chunks WHERE id = ?1),
-                     rows_sent = rows_sent + ?2,
+                "UPDATE backfill_ranges SET
                      last_key = COALESCE((SELECT last_key FROM backfill_chunks WHERE id = ?1), last_key),
-                     status = CASE WHEN (SELECT is_last FROM backfill_chunks WHERE id = ?1) = 1
+                     done = MAX(done, (SELECT is_last FROM backfill_chunks WHERE id = ?1))
+                 WHERE id = (SELECT range_id FROM backfill_chunks WHERE id = ?1)",
+                [chunk],
+            )
+            .map_err(err)?;
+            // A chunk without a range was read before ranges existed: its
+            // table was one walk, which its last chunk ends.
+            tx.execute(
+                "WITH c AS (SELECT * FROM backfill_chunks WHERE id = ?1),
+                      finished AS (SELECT CASE WHEN c.range_id IS NULL THEN c.is_last = 1
+                          ELSE NOT EXISTS (SELECT 1 FROM backfill_ranges r
+                                           WHERE r.backfill = c.backfill AND r.done = 0) END AS yes FROM c)
+                 UPDATE backfills SET
+                     rows_read = rows_read + (SELECT rows FROM c),
+                     rows_sent = rows_sent + ?2,
+                     last_key = COALESCE((SELECT last_key FROM c), last_key),
+                     status = CASE WHEN (SELECT yes FROM finished)
                                    AND status IN ('pending', 'running') THEN 'done' ELSE status END,
-                     finished_at = CASE WHEN (SELECT is_last FROM backfill_chunks WHERE id = ?1) = 1
-                                   THEN ?3 ELSE finished_at END
-                 WHERE id = (SELECT backfill FROM backfill_chunks WHERE id = ?1)",
+                     finished_at = CASE WHEN (SELECT yes FROM finished) THEN ?3 ELSE finished_at END
+                 WHERE id = (SELECT backfill FROM c)",
                 params![chunk, sent as i64, now_text()],
             )
             .map_err(err)?;
@@ -904,14 +1032,17 @@ impl Checkpoint {
         tx.commit().map_err(err)
     }
 
-    /// Drops the rows of every chunk up to the last one whose high watermark
-    /// is confirmed (at or before `confirmed_lsn`): the stream will not
-    /// bring those watermarks again.
+    /// Drops the rows of every chunk up to the last one of its lane whose
+    /// high watermark is confirmed (at or before `confirmed_lsn`): the
+    /// stream will not bring those watermarks again. By lane, because a
+    /// lane's chunks pass through the stream one after another, while
+    /// another lane's chunk with a lower id may still be on its way.
     pub fn forget_chunks(&mut self, confirmed_lsn: u64) -> Result<()> {
         self.conn
             .execute(
                 "UPDATE backfill_chunks SET body = NULL WHERE body IS NOT NULL AND id <= (
-                     SELECT COALESCE(MAX(id), 0) FROM backfill_chunks WHERE done = 1 AND hw_end <= ?1)",
+                     SELECT COALESCE(MAX(d.id), 0) FROM backfill_chunks d
+                     WHERE d.done = 1 AND d.hw_end <= ?1 AND d.lane = backfill_chunks.lane)",
                 [confirmed_lsn as i64],
             )
             .map(|_| ())
@@ -1069,39 +1200,96 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut cp = Checkpoint::open(&dir.path().join("s.sqlite")).unwrap();
         let id = cp.request_backfill("public", "t", 2, 3).unwrap();
+        cp.add_ranges(
+            id,
+            &[
+                (None, Some(r#"["2"]"#.into())),
+                (Some(r#"["2"]"#.into()), None),
+            ],
+            None,
+        )
+        .unwrap();
+        let ranges = cp.ranges(id).unwrap();
+        assert_eq!(ranges.len(), 2);
         let rows = vec![(7u64, b"{\"id\":1}".to_vec()), (u64::MAX, Vec::new())];
-        let c1 = cp.new_chunk(id).unwrap();
-        assert_eq!(cp.unfinished_chunk(id).unwrap(), Some(c1));
-        cp.store_chunk(c1, &rows, Some(r#"["2"]"#), false, "m")
+        // Lane 0 reads the first range, lane 1 the second, at once.
+        let c1 = cp.new_chunk(id, ranges[0].id, 0).unwrap();
+        let c2 = cp.new_chunk(id, ranges[1].id, 1).unwrap();
+        assert_eq!(cp.unfinished_chunks(id).unwrap(), vec![(c1, 0), (c2, 1)]);
+        cp.store_chunk(c1, &rows, Some(r#"["2"]"#), true, "m")
+            .unwrap();
+        cp.store_chunk(c2, &rows[..1], Some(r#"["3"]"#), false, "m")
             .unwrap();
         assert_eq!(cp.chunk_rows(c1).unwrap(), rows);
         let chunk = cp.chunk(c1).unwrap().unwrap();
         assert!(chunk.stored && !chunk.done);
         assert_eq!(
-            (chunk.schema.as_str(), chunk.table.as_str()),
-            ("public", "t")
+            (chunk.schema.as_str(), chunk.table.as_str(), chunk.lane),
+            ("public", "t", 0)
         );
-        // Seen again after a restart: counted once.
-        cp.complete_chunk(c1, 100, 1).unwrap();
-        cp.complete_chunk(c1, 100, 1).unwrap();
+        // Seen again after a restart: counted once; its left-out rows kept.
+        cp.complete_chunk(c2, 100, 1, &[]).unwrap();
+        cp.complete_chunk(c1, 150, 1, &[1]).unwrap();
+        cp.complete_chunk(c1, 150, 1, &[1]).unwrap();
+        assert_eq!(cp.chunk_skipped(c1).unwrap(), vec![1]);
         let b = cp.backfill(id).unwrap().unwrap();
         assert_eq!(
             (b.rows_read, b.rows_sent, b.status.as_str()),
-            (2, 1, "pending")
+            (3, 2, "pending")
         );
-        assert_eq!(b.last_key.as_deref(), Some(r#"["2"]"#));
-        assert_eq!(cp.unfinished_chunk(id).unwrap(), None);
-        let c2 = cp.new_chunk(id).unwrap();
-        cp.store_chunk(c2, &rows[..1], Some(r#"["3"]"#), true, "m")
-            .unwrap();
-        cp.complete_chunk(c2, 200, 1).unwrap();
+        let ranges = cp.ranges(id).unwrap();
+        assert!(ranges[0].done && !ranges[1].done);
+        assert_eq!(ranges[1].last_key.as_deref(), Some(r#"["3"]"#));
+        assert_eq!(cp.unfinished_chunks(id).unwrap(), vec![]);
+        // Lane 1's next chunk: its range, and so the backfill, is done.
+        let c3 = cp.new_chunk(id, ranges[1].id, 1).unwrap();
+        // Lane 0's chunk c4, after c3 by id, is still on its way.
+        let c4 = cp.new_chunk(id, ranges[0].id, 0).unwrap();
+        cp.store_chunk(c4, &rows, None, false, "m").unwrap();
+        cp.store_chunk(c3, &rows[..1], None, true, "m").unwrap();
+        cp.complete_chunk(c3, 200, 1, &[]).unwrap();
         assert_eq!(cp.backfill(id).unwrap().unwrap().status, "done");
-        // Rows stay until their high watermark is confirmed.
-        cp.forget_chunks(150).unwrap();
-        assert!(cp.chunk_rows(c1).unwrap().is_empty());
-        assert_eq!(cp.chunk_rows(c2).unwrap().len(), 1);
-        cp.forget_chunks(200).unwrap();
+        // Rows stay until their high watermark is confirmed, by lane: c3's
+        // confirmation does not take c4 (lane 0, not done) with it.
+        cp.forget_chunks(120).unwrap();
         assert!(cp.chunk_rows(c2).unwrap().is_empty());
+        assert_eq!(cp.chunk_rows(c1).unwrap().len(), 2);
+        cp.forget_chunks(200).unwrap();
+        assert!(cp.chunk_rows(c1).unwrap().is_empty());
+        assert!(cp.chunk_rows(c3).unwrap().is_empty());
+        assert_eq!(cp.chunk_rows(c4).unwrap().len(), 2);
+    }
+
+    /// A state from before ranges and lanes: its chunk tables gain their
+    /// columns, and a chunk read then (no range) completes its backfill as
+    /// one walk did.
+    #[test]
+    fn a_backfill_begun_before_ranges_completes_as_one_walk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sqlite");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE backfill_chunks (
+                     id INTEGER PRIMARY KEY AUTOINCREMENT, backfill INTEGER NOT NULL,
+                     members TEXT, last_key TEXT, rows INTEGER NOT NULL DEFAULT 0,
+                     is_last INTEGER NOT NULL DEFAULT 0, stored INTEGER NOT NULL DEFAULT 0,
+                     done INTEGER NOT NULL DEFAULT 0, hw_end INTEGER, body BLOB);
+                 INSERT INTO backfill_chunks (backfill, last_key, rows, is_last, stored)
+                     VALUES (1, '[\"9\"]', 4, 1, 1);",
+            )
+            .unwrap();
+        }
+        let mut cp = Checkpoint::open(&path).unwrap();
+        let id = cp.request_backfill("public", "t", 2, 3).unwrap();
+        assert_eq!(id, 1);
+        assert_eq!(cp.unfinished_chunks(id).unwrap(), vec![(1, 0)]);
+        cp.complete_chunk(1, 10, 4, &[]).unwrap();
+        let b = cp.backfill(id).unwrap().unwrap();
+        assert_eq!(
+            (b.status.as_str(), b.last_key.as_deref()),
+            ("done", Some(r#"["9"]"#))
+        );
     }
 
     /// A state written before the row identity's version was recorded

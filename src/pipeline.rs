@@ -26,7 +26,7 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::batch::{Batch, Batcher, Cut};
-use crate::checkpoint::{self, Checkpoint, Cursor, ParkStatus, Parked, Progress};
+use crate::checkpoint::{self, Checkpoint, Chunk, Cursor, ParkStatus, Parked, Progress};
 use crate::config::Config;
 use crate::console::{Fate, JOURNAL};
 use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
@@ -37,7 +37,7 @@ use crate::pgtime;
 use crate::row_identity::Holds;
 use crate::sink::codec::Codec;
 use crate::sink::{Sink, layout};
-use crate::source::backfill::{self, Mark, Watermark, driver::Driver};
+use crate::source::backfill::{self, CANCEL_CHUNK, Mark, Passed, Watermark, driver::Driver};
 use crate::source::catalog::TypeCatalog;
 use crate::source::replication::{FeedbackSender, ReplicationConnection};
 use crate::source::stream::{self, Decoder, SchemaRecord, SourceEvent};
@@ -107,7 +107,7 @@ pub async fn run(config: &Config, opts: &RunOptions, mut shutdown: Shutdown) -> 
     let sink = Sink::new(&config.destination, config.delivery.request_timeout)?;
     // The pipeline reports each backfill chunk it has handed over; the
     // backfill task (spanning sessions) waits on it.
-    let (chunks_done, chunks_done_rx) = watch::channel(0i64);
+    let (chunks_done, chunks_done_rx) = watch::channel(Passed::default());
     let mut backfill = Driver::new(config, chunks_done_rx);
     let mut wait = RECONNECT_MIN;
     let mut set_up = false;
@@ -215,7 +215,7 @@ async fn session(
     sink: &Sink,
     shutdown: Shutdown,
     backfill: &mut Driver,
-    chunks_done: &watch::Sender<i64>,
+    chunks_done: &watch::Sender<Passed>,
 ) -> Result<()> {
     let cursor = checkpoint.cursor()?.unwrap_or(Cursor {
         confirmed_lsn: 0,
@@ -354,7 +354,7 @@ async fn session(
         max_batch_bytes: config.delivery.max_batch_bytes,
         confirm: confirm_tx,
         stats: Stats::default(),
-        window: None,
+        windows: BTreeMap::new(),
         forget_at: None,
         backfill,
         chunks_done,
@@ -504,6 +504,9 @@ struct Window {
     low_end: Option<u64>,
     /// The high watermark came; its transaction's commit completes the chunk.
     sent: Option<u64>,
+    /// The places of the chunk's rows left out at the high watermark (they
+    /// changed inside the window), recorded with the chunk when it completes.
+    skipped: Vec<u32>,
 }
 
 /// Seqs written so far: all up to `upto`, and ranges beyond it written out
@@ -603,12 +606,13 @@ struct Pipeline<'a> {
     max_batch_bytes: usize,
     confirm: watch::Sender<u64>,
     stats: Stats,
-    /// The backfill chunk whose watermarks are being passed, if any.
-    window: Option<Window>,
+    /// The backfill chunks whose watermarks are being passed, by lane (one
+    /// per reader of `backfill.parallelism`; their windows overlap).
+    windows: BTreeMap<u32, Window>,
     /// Chunk rows in the state can go once this LSN is confirmed.
     forget_at: Option<u64>,
     backfill: &'a mut Driver,
-    chunks_done: &'a watch::Sender<i64>,
+    chunks_done: &'a watch::Sender<Passed>,
     /// Warns when the slot lag passes `telemetry.slot_lag_warn_bytes`.
     lag: LagWatch,
 }
@@ -742,14 +746,12 @@ impl Pipeline<'_> {
             SourceEvent::Schema(record) => self.schema(record).await?,
             SourceEvent::Begin => self.open_txn = true,
             SourceEvent::Change(change) => {
-                if let Some(w) = self.window.as_mut()
-                    && w.low_end.is_some()
-                    && w.sent.is_none()
-                    && change.table.name == w.table
-                {
-                    match change.op {
-                        envelope::Op::Truncate => w.truncated = true,
-                        _ => w.changed.extend(change.rows.as_slice()),
+                for w in self.windows.values_mut() {
+                    if w.low_end.is_some() && w.sent.is_none() && change.table.name == w.table {
+                        match change.op {
+                            envelope::Op::Truncate => w.truncated = true,
+                            _ => w.changed.extend(change.rows.as_slice()),
+                        }
                     }
                 }
                 self.push_change(&change)?;
@@ -763,19 +765,29 @@ impl Pipeline<'_> {
                 self.open_txn = false;
                 let last_seq = self.next_seq - 1;
                 let mut until = last_seq;
-                if let Some(w) = self.window.as_mut() {
+                // A watermark is a transaction of its own, so at most one
+                // window opens or completes here.
+                let mut completed = None;
+                for (&lane, w) in self.windows.iter_mut() {
                     if w.low_end.is_none() {
                         // The low watermark's transaction: held until the
                         // chunk's `read` events are written.
                         w.low_end = Some(end_lsn);
                         until = u64::MAX;
-                    } else if let Some(sent) = w.sent {
-                        let w = self.window.take().expect("checked above");
-                        self.hold_low(w.low_end, last_seq);
-                        self.checkpoint.complete_chunk(w.chunk, end_lsn, sent)?;
-                        self.report_chunk(w.chunk);
-                        self.forget_at = Some(end_lsn);
+                    } else if w.sent.is_some() {
+                        completed = Some(lane);
                     }
+                }
+                if let Some(w) = completed.and_then(|lane| self.windows.remove(&lane)) {
+                    // Recorded first: once the low watermark is released,
+                    // the cursor may pass it, and a restart then finds the
+                    // chunk done (see `watermark`).
+                    let sent = w.sent.expect("a completed window");
+                    self.checkpoint
+                        .complete_chunk(w.chunk, end_lsn, sent, &w.skipped)?;
+                    self.hold_low(w.low_end, last_seq);
+                    self.report_chunk(completed.expect("removed"), w.chunk);
+                    self.forget_at = Some(end_lsn);
                 }
                 self.txns.push_back(Pending {
                     end_lsn,
@@ -833,9 +845,9 @@ impl Pipeline<'_> {
     }
 
     /// A backfill watermark of this pipeline (see `source::backfill`): a low
-    /// one opens a chunk's window (closing any other, whose chunk was given
-    /// up), a high one emits the chunk's rows not changed inside the window
-    /// as `read` events of its own transaction.
+    /// one opens a chunk's window in its lane (closing the lane's previous
+    /// one, whose chunk was given up), a high one emits the chunk's rows not
+    /// changed inside the window as `read` events of its own transaction.
     async fn watermark(&mut self, content: &[u8], commit_lsn: u64, commit_ts: i64) -> Result<()> {
         let Ok(mark) = serde_json::from_slice::<Watermark>(content) else {
             tracing::debug!("ignoring a waltail message that is not a watermark");
@@ -844,21 +856,29 @@ impl Pipeline<'_> {
         if mark.pipeline != self.pipeline {
             return Ok(());
         }
+        let lane = mark.lane;
         match mark.mark {
             Mark::Low | Mark::Abort => {
-                if let Some(w) = self.window.take() {
-                    tracing::debug!(chunk = w.chunk, "backfill chunk given up");
-                    self.hold_low(w.low_end, 0);
-                    if mark.mark == Mark::Abort {
-                        // `backfill --cancel` closed it: a task waiting for
-                        // this chunk must not wait for a high watermark the
-                        // stream will now ignore.
-                        self.report_chunk(w.chunk);
+                // `backfill --cancel` closes every lane's window: a task
+                // waiting for one of these chunks must not wait for a high
+                // watermark the stream will now ignore.
+                let closing: Vec<u32> = if mark.mark == Mark::Abort && mark.chunk == CANCEL_CHUNK {
+                    self.windows.keys().copied().collect()
+                } else {
+                    vec![lane]
+                };
+                for lane in closing {
+                    if let Some(w) = self.windows.remove(&lane) {
+                        tracing::debug!(chunk = w.chunk, lane, "backfill chunk given up");
+                        self.hold_low(w.low_end, 0);
+                        if mark.mark == Mark::Abort {
+                            self.report_chunk(lane, w.chunk);
+                        }
                     }
                 }
                 if mark.mark == Mark::Abort {
                     // Passed: the backfill task may go on (see its driver).
-                    self.report_chunk(mark.chunk);
+                    self.report_chunk(lane, mark.chunk);
                     return Ok(());
                 }
                 let Some(chunk) = self.checkpoint.chunk(mark.chunk)? else {
@@ -868,26 +888,42 @@ impl Pipeline<'_> {
                     );
                     return Ok(());
                 };
-                self.window = Some(Window {
-                    chunk: mark.chunk,
-                    table: backfill::table_ref(&chunk.schema, &chunk.table)
-                        .name
-                        .clone(),
-                    changed: HashSet::new(),
-                    truncated: false,
-                    low_end: None,
-                    sent: None,
-                });
+                self.windows.insert(
+                    lane,
+                    Window {
+                        chunk: mark.chunk,
+                        table: backfill::table_ref(&chunk.schema, &chunk.table)
+                            .name
+                            .clone(),
+                        changed: HashSet::new(),
+                        truncated: false,
+                        low_end: None,
+                        sent: None,
+                        skipped: Vec::new(),
+                    },
+                );
             }
             Mark::High => {
-                let Some(w) = self
-                    .window
-                    .as_ref()
-                    .filter(|w| w.chunk == mark.chunk && w.low_end.is_some())
-                else {
-                    return Ok(());
-                };
+                let open = self
+                    .windows
+                    .get(&lane)
+                    .is_some_and(|w| w.chunk == mark.chunk && w.low_end.is_some());
                 let chunk = self.checkpoint.chunk(mark.chunk)?;
+                if !open {
+                    // Windows overlap, so the cursor may be confirmed past
+                    // this chunk's low watermark (its `read` events were
+                    // written) but not past its high one, whose window is
+                    // then not opened again after a restart. The chunk is
+                    // done in the state: its rows go out again as before,
+                    // so the changes after it keep their seqs.
+                    if let Some(chunk) = chunk.filter(|c| c.done && c.stored) {
+                        let rows = self.checkpoint.chunk_rows(chunk.id)?;
+                        let skipped = self.checkpoint.chunk_skipped(chunk.id)?;
+                        self.emit_chunk(&chunk, rows, &skipped, commit_lsn, commit_ts)
+                            .await?;
+                    }
+                    return Ok(());
+                }
                 let (Some(chunk), true) =
                     (chunk.as_ref(), chunk.as_ref().is_some_and(|c| c.stored))
                 else {
@@ -895,52 +931,71 @@ impl Pipeline<'_> {
                         chunk = mark.chunk,
                         "a backfill chunk's rows are missing from the local state; the chunk is read again"
                     );
-                    self.window.as_mut().expect("checked").sent = Some(0);
+                    self.windows.get_mut(&lane).expect("checked").sent = Some(0);
                     return Ok(());
                 };
-                let table = backfill::table_ref(&chunk.schema, &chunk.table);
+                let w = self.windows.get(&lane).expect("checked");
                 let rows = self.checkpoint.chunk_rows(chunk.id)?;
-                let skip: Vec<bool> = rows
+                let skipped: Vec<u32> = rows
                     .iter()
-                    .map(|(hash, _)| w.truncated || w.changed.contains(hash))
+                    .enumerate()
+                    .filter(|(_, (hash, _))| w.truncated || w.changed.contains(hash))
+                    .map(|(ord, _)| ord as u32)
                     .collect();
-                if let Some(members) = &chunk.members {
-                    self.schema(SchemaRecord {
-                        table: table.clone(),
-                        members: members.clone(),
-                    })
+                let sent = self
+                    .emit_chunk(chunk, rows, &skipped, commit_lsn, commit_ts)
                     .await?;
-                }
-                let mut sent = 0;
-                for (ord, ((hash, data), skip)) in rows.into_iter().zip(skip).enumerate() {
-                    if skip {
-                        continue;
-                    }
-                    sent += 1;
-                    self.push_change(&envelope::Change {
-                        op: envelope::Op::Read,
-                        table: table.clone(),
-                        data: Some(data),
-                        old: None,
-                        commit_lsn,
-                        commit_ts,
-                        index: ord as u32,
-                        rows: envelope::RowSet::one(hash),
-                    })?;
-                }
-                self.window.as_mut().expect("checked").sent = Some(sent);
+                let w = self.windows.get_mut(&lane).expect("checked");
+                w.sent = Some(sent);
+                w.skipped = skipped;
             }
         }
         Ok(())
     }
 
-    /// Tells the backfill task the stream has passed this chunk.
-    fn report_chunk(&self, chunk: i64) {
-        self.chunks_done.send_if_modified(|done| {
-            let newer = chunk > *done;
-            *done = (*done).max(chunk);
-            newer
-        });
+    /// Emits a stored chunk's `rows` as `read` events, but those at the
+    /// places `skipped` (ascending); returns how many went out.
+    async fn emit_chunk(
+        &mut self,
+        chunk: &Chunk,
+        rows: Vec<(u64, Vec<u8>)>,
+        skipped: &[u32],
+        commit_lsn: u64,
+        commit_ts: i64,
+    ) -> Result<u64> {
+        let table = backfill::table_ref(&chunk.schema, &chunk.table);
+        if let Some(members) = &chunk.members {
+            self.schema(SchemaRecord {
+                table: table.clone(),
+                members: members.clone(),
+            })
+            .await?;
+        }
+        let mut sent = 0;
+        let mut skipped = skipped.iter().peekable();
+        for (ord, (hash, data)) in rows.into_iter().enumerate() {
+            if skipped.next_if(|&&s| s as usize == ord).is_some() {
+                continue;
+            }
+            sent += 1;
+            self.push_change(&envelope::Change {
+                op: envelope::Op::Read,
+                table: table.clone(),
+                data: Some(data),
+                old: None,
+                commit_lsn,
+                commit_ts,
+                index: ord as u32,
+                rows: envelope::RowSet::one(hash),
+            })?;
+        }
+        Ok(sent)
+    }
+
+    /// Tells the backfill task the stream has passed this chunk of `lane`.
+    fn report_chunk(&self, lane: u32, chunk: i64) {
+        self.chunks_done
+            .send_if_modified(|passed| passed.pass(lane, chunk));
     }
 
     /// Sets how far a low watermark's transaction waits: until seq `until`

@@ -161,6 +161,9 @@ fn assert_read_once(reads: &BTreeMap<(String, String), Vec<(u64, String)>>) {
 
 /// A running pipeline does the backfill asked for by another process, while
 /// a writer updates, deletes and inserts rows of every table throughout.
+/// Three readers at once: the tables keyed by one integer are split into
+/// twelve ranges from their statistics, so their chunks' windows overlap;
+/// the composite text key is read as one range.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_while_writes_go_on() {
     const ROWS: i64 = 100_000;
@@ -171,7 +174,8 @@ async fn backfill_while_writes_go_on() {
     let mut run = Waltail::new(&db, &pipeline, "public.a, public.b, public.c");
     run.s3(&prefix)
         .set("WALTAIL_DELIVERY_BATCH_SIZE", "500")
-        .set("WALTAIL_DELIVERY_MAX_IN_FLIGHT", "8");
+        .set("WALTAIL_DELIVERY_MAX_IN_FLIGHT", "8")
+        .set("WALTAIL_BACKFILL_PARALLELISM", "3");
     run.start();
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -195,6 +199,17 @@ async fn backfill_while_writes_go_on() {
     );
     for t in TABLES {
         assert!(out.contains(&format!("public.{t}: done")), "{out}");
+    }
+    let log = run.log();
+    let started: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("backfill started"))
+        .collect();
+    for (t, parts) in [("a", "ranges=12 readers=3"), ("b", "ranges=1 readers=1"), ("c", "ranges=12 readers=3")] {
+        assert!(
+            started.iter().any(|l| l.contains(&format!("public.{t} ")) && l.contains(parts)),
+            "public.{t} not read in {parts}: {started:?}"
+        );
     }
     // Writes go on a little after the backfill, then stop.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -336,7 +351,9 @@ async fn a_commit_not_yet_visible_is_not_overwritten_by_a_read() {
 
 /// `waltail backfill` with no pipeline running runs one itself; killed with
 /// -9 in the middle, it resumes from its last chunk, and the archive holds
-/// every row exactly once, with no seq in two objects.
+/// every row exactly once, with no seq in two objects. Three readers, so the
+/// kills land while several chunks' windows are open, and a restart may find
+/// the cursor past a chunk's low watermark but before its high one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_resumes_after_kill9() {
     const ROWS: i64 = 100_000;
@@ -350,7 +367,8 @@ async fn backfill_resumes_after_kill9() {
     // machine once finished it between two looks at the bucket.
     w.s3(&prefix)
         .set("WALTAIL_DELIVERY_BATCH_SIZE", "500")
-        .set("WALTAIL_DELIVERY_RATE_LIMIT", "20000");
+        .set("WALTAIL_DELIVERY_RATE_LIMIT", "20000")
+        .set("WALTAIL_BACKFILL_PARALLELISM", "3");
 
     for round in 0..2 {
         w.spawn(&["backfill", "--yes", "--chunk-size", "3000"]);

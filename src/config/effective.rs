@@ -118,6 +118,7 @@ fn value(c: &Config, section: &str, key: &str) -> Value {
         ("telemetry", "slot_lag_warn_bytes") => int(c.slot_lag_warn_bytes),
         ("backfill", "chunk_size") => int(c.backfill.chunk_size),
         ("backfill", "batch_size") => int(c.backfill.batch_size),
+        ("backfill", "parallelism") => int(c.backfill.parallelism),
         ("compact", "compression") => text(match k.compression {
             Compression::Zstd => "zstd",
             Compression::Snappy => "snappy",

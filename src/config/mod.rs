@@ -60,6 +60,14 @@ pub const DEFAULT_BACKFILL_CHUNK_SIZE: u64 = 5000;
 /// `read` events per object: bulk rows, so larger objects than streamed
 /// changes' (a 100-million-row table is 100,000 objects, not a million).
 pub const DEFAULT_BACKFILL_BATCH_SIZE: usize = 1000;
+/// The most key ranges a backfill reads at once (each holds a connection).
+pub const MAX_BACKFILL_PARALLELISM: i64 = 64;
+
+/// `backfill.parallelism` by default: the number of cores, so rows are
+/// read and rendered on every one.
+pub fn default_backfill_parallelism() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
 /// Parquet codec of `compact`: zstd compresses NDJSON-shaped data about as
 /// well as gzip at several times its speed, and every engine reads it.
 pub const DEFAULT_COMPACT_COMPRESSION: &str = "zstd";
@@ -111,6 +119,8 @@ pub struct BackfillConfig {
     pub chunk_size: u64,
     /// `read` events per object, while a batch holds only those.
     pub batch_size: usize,
+    /// Key ranges read at once, each on its own connection.
+    pub parallelism: usize,
 }
 
 /// How `waltail compact` writes Parquet (`[compact]`).
@@ -430,6 +440,10 @@ struct RawBackfill {
     /// `read` events per object while a batch holds only those. Default 1000.
     #[schemars(range(min = 1, max = MAX_COUNT))]
     batch_size: Option<i64>,
+    /// Key ranges of a table read at once, each on its own connection with
+    /// its own snapshots. Default: the number of cores.
+    #[schemars(range(min = 1, max = MAX_BACKFILL_PARALLELISM))]
+    parallelism: Option<i64>,
 }
 
 #[derive(Deserialize, Default, JsonSchema)]
@@ -608,6 +622,7 @@ pub(crate) const KEYS: &[(&str, &str, Kind)] = &[
     ("telemetry", "slot_lag_warn_bytes", Kind::Int),
     ("backfill", "chunk_size", Kind::Int),
     ("backfill", "batch_size", Kind::Int),
+    ("backfill", "parallelism", Kind::Int),
     ("compact", "compression", Kind::Str),
     ("compact", "compression_level", Kind::Int),
     ("compact", "row_group_rows", Kind::Int),
@@ -1126,6 +1141,12 @@ fn validate(raw: RawConfig) -> Result<Config> {
             DEFAULT_BACKFILL_BATCH_SIZE as i64,
             MAX_COUNT,
         )? as usize,
+        parallelism: positive(
+            "backfill.parallelism",
+            backfill.parallelism,
+            default_backfill_parallelism() as i64,
+            MAX_BACKFILL_PARALLELISM,
+        )? as usize,
     };
     let compact = compact(raw.compact.unwrap_or_default())?;
     Ok(Config {
@@ -1538,7 +1559,8 @@ mod tests {
             c.backfill,
             BackfillConfig {
                 chunk_size: 5000,
-                batch_size: 1000
+                batch_size: 1000,
+                parallelism: default_backfill_parallelism(),
             }
         );
         let c = load(

@@ -448,7 +448,13 @@ impl TableShape {
                 })
                 .collect(),
         );
-        (row_json(&self.0, &tuple, false), row_hash(&self.0, &tuple))
+        self.render_tuple(&tuple)
+    }
+
+    /// [`render`](Self::render) for values already in a tuple (text
+    /// format), e.g. slices of a `COPY` row that need no copy.
+    pub fn render_tuple(&self, tuple: &TupleData) -> (Vec<u8>, u64) {
+        (row_json(&self.0, tuple, false), row_hash(&self.0, tuple))
     }
 }
 

@@ -103,7 +103,7 @@ pub async fn backfill(
             let client = catalog.client().expect("the catalog has a client");
             let size = estimate(client, table).await?;
             let started = Instant::now();
-            let sample = read_chunk(client, &plan, None, SAMPLE_ROWS).await?;
+            let sample = read_chunk(client, &plan, None, None, SAMPLE_ROWS).await?;
             let read_rate = sample.rows.len() as f64 / started.elapsed().as_secs_f64().max(1e-6);
             let row_bytes = sample
                 .rows
@@ -270,7 +270,15 @@ async fn cancel(config: &Config, state: &mut Checkpoint) -> Result<ExitCode> {
     let client = connect(&config.source).await?;
     let server = check_server(&client).await?;
     ensure_watermark_table(&client, server, &config.source).await?;
-    emit(&client, server, &config.pipeline, 0, Mark::Abort).await?;
+    emit(
+        &client,
+        server,
+        &config.pipeline,
+        0,
+        super::CANCEL_CHUNK,
+        Mark::Abort,
+    )
+    .await?;
     println!("cancelled {n} backfill(s)");
     Ok(ExitCode::SUCCESS)
 }

@@ -1,19 +1,23 @@
 //! The backfill task: runs inside the pipeline process (`waltail run`, or
-//! `waltail backfill` when no pipeline runs), beside the stream, one chunk
-//! at a time. Requests come through the local state, so a `waltail
+//! `waltail backfill` when no pipeline runs), beside the stream. A table's
+//! key space is split into ranges (see [`super::split`]) that
+//! `backfill.parallelism` readers (lanes) take one after another, each on
+//! its own connection, reading its range chunk after chunk between its own
+//! watermarks. Requests come through the local state, so a `waltail
 //! backfill` in another process reaches a running pipeline.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::{
-    Mark, Server, check_server, connect, emit, ensure_watermark_table, in_progress, plan,
-    read_chunk, sessions_of, still_in_progress,
+    Mark, Passed, Server, check_server, connect, emit, ensure_watermark_table, in_progress, plan,
+    read_chunk, sessions_of, split, still_in_progress,
 };
-use crate::checkpoint::{Backfill, Checkpoint};
+use crate::checkpoint::{Backfill, Checkpoint, KeyRange};
 use crate::config::{Config, TableName};
 use crate::error::{Disposition, Report};
 use crate::source::catalog::TypeCatalog;
@@ -22,20 +26,24 @@ use crate::{Error, Result};
 /// Waits between attempts after a connection problem: from 1 s doubling to 30 s.
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
+/// Ranges per reader: a reader done with a short range takes another, so
+/// uneven ranges (the statistics are an estimate) still keep every reader
+/// busy to the end.
+const RANGES_PER_READER: usize = 4;
 
 /// Starts and stops the backfill task. The pipeline reports each chunk it
-/// has handed over on `completed` (the highest chunk id so far).
+/// has handed over on `passed`.
 pub struct Driver {
     config: Arc<Config>,
-    completed: watch::Receiver<i64>,
+    passed: watch::Receiver<Passed>,
     task: Option<JoinHandle<()>>,
 }
 
 impl Driver {
-    pub fn new(config: &Config, completed: watch::Receiver<i64>) -> Self {
+    pub fn new(config: &Config, passed: watch::Receiver<Passed>) -> Self {
         Driver {
             config: Arc::new(config.clone()),
-            completed,
+            passed,
             task: None,
         }
     }
@@ -48,10 +56,7 @@ impl Driver {
         if state.next_backfill()?.is_none() {
             return Ok(());
         }
-        self.task = Some(tokio::spawn(run(
-            self.config.clone(),
-            self.completed.clone(),
-        )));
+        self.task = Some(tokio::spawn(run(self.config.clone(), self.passed.clone())));
         Ok(())
     }
 }
@@ -65,10 +70,10 @@ impl Drop for Driver {
 }
 
 /// Works through the waiting backfills; retries connection problems.
-async fn run(config: Arc<Config>, mut completed: watch::Receiver<i64>) {
+async fn run(config: Arc<Config>, passed: watch::Receiver<Passed>) {
     let mut wait = RETRY_MIN;
     loop {
-        match work(&config, &mut completed).await {
+        match work(&config, &passed).await {
             Ok(()) => return,
             Err(e) if e.disposition() == Disposition::Retry => {
                 tracing::warn!(error = %Report(&e), retry_in = ?wait, "backfill interrupted; retrying");
@@ -86,7 +91,7 @@ async fn run(config: Arc<Config>, mut completed: watch::Receiver<i64>) {
     }
 }
 
-async fn work(config: &Config, completed: &mut watch::Receiver<i64>) -> Result<()> {
+async fn work(config: &Arc<Config>, passed: &watch::Receiver<Passed>) -> Result<()> {
     let mut state = Checkpoint::open(&config.state_file())?;
     let client = connect(&config.source).await?;
     let server = check_server(&client).await?;
@@ -97,30 +102,71 @@ async fn work(config: &Config, completed: &mut watch::Receiver<i64>) -> Result<(
             schema: backfill.schema.clone(),
             name: backfill.table.clone(),
         };
-        let plan = match plan(&mut catalog, &table).await {
-            Ok(p) => p,
-            Err(e) => {
-                fail_unless_retry(&mut state, &backfill, e)?;
-                continue;
+        let started = async {
+            let plan = plan(&mut catalog, &table).await?;
+            let client = catalog.client().expect("the catalog has a client");
+            // Chunks left by a previous run may have their high watermarks
+            // still on the way through the stream: were they read again now,
+            // their rows would be emitted twice. An abort marker after each
+            // lets the pipeline pass them (completing those whose high
+            // watermark came) before any reader starts.
+            let unfinished = state.unfinished_chunks(backfill.id)?;
+            for &(chunk, lane) in &unfinished {
+                emit(client, server, &config.pipeline, lane, chunk, Mark::Abort).await?;
             }
-        };
-        if backfill.status == "pending" {
-            state.set_backfill_status(backfill.id, "running", None)?;
-            tracing::info!(table = %table, key = plan.key_kind, chunk_size = backfill.chunk_size, "backfill started");
-        } else {
-            tracing::info!(table = %table, rows_read = backfill.rows_read, "backfill resumed");
+            for &(chunk, lane) in &unfinished {
+                if passed
+                    .clone()
+                    .wait_for(|p| p.get(lane) >= chunk)
+                    .await
+                    .is_err()
+                {
+                    return Ok(None); // the pipeline is gone
+                }
+            }
+            let Some(backfill) = state.backfill(backfill.id)? else {
+                return Ok(None);
+            };
+            if state.ranges(backfill.id)?.is_empty() {
+                // A backfill begun before ranges existed goes on as one walk
+                // from where it is.
+                let ranges = if backfill.last_key.is_some() || backfill.rows_read > 0 {
+                    vec![(None, None)]
+                } else {
+                    split(
+                        client,
+                        &plan,
+                        config.backfill.parallelism * RANGES_PER_READER,
+                    )
+                    .await?
+                };
+                state.add_ranges(backfill.id, &ranges, backfill.last_key.as_deref())?;
+            }
+            let ranges = state.ranges(backfill.id)?;
+            if backfill.status == "pending" {
+                state.set_backfill_status(backfill.id, "running", None)?;
+                tracing::info!(
+                    table = %table,
+                    key = plan.key_kind,
+                    chunk_size = backfill.chunk_size,
+                    ranges = ranges.len(),
+                    readers = config.backfill.parallelism.min(ranges.len()),
+                    "backfill started"
+                );
+            } else {
+                tracing::info!(table = %table, rows_read = backfill.rows_read, "backfill resumed");
+            }
+            Ok::<_, Error>(Some(ranges))
         }
-        if let Err(e) = chunks(
-            config,
-            server,
-            &mut state,
-            &mut catalog,
-            &table,
-            backfill.id,
-            completed,
-        )
-        .await
-        {
+        .await;
+        let result = match started {
+            Ok(Some(ranges)) => {
+                read_ranges(config, server, &table, &backfill, ranges, passed).await
+            }
+            Ok(None) => return Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
             fail_unless_retry(&mut state, &backfill, e)?;
         }
     }
@@ -141,6 +187,93 @@ fn fail_unless_retry(state: &mut Checkpoint, backfill: &Backfill, e: Error) -> R
     state.set_backfill_status(backfill.id, "failed", Some(&message))
 }
 
+/// Reads the ranges not done yet with up to `backfill.parallelism` lanes at
+/// once; returns when every lane has had its chunks passed by the pipeline,
+/// or at the first error (the other lanes stop; their open chunks are
+/// aborted when the task starts again).
+async fn read_ranges(
+    config: &Arc<Config>,
+    server: Server,
+    table: &TableName,
+    backfill: &Backfill,
+    ranges: Vec<KeyRange>,
+    passed: &watch::Receiver<Passed>,
+) -> Result<()> {
+    let queue: VecDeque<KeyRange> = ranges.into_iter().filter(|r| !r.done).collect();
+    let lanes = config.backfill.parallelism.min(queue.len()).max(1);
+    let queue = Arc::new(Mutex::new(queue));
+    let mut set = JoinSet::new();
+    for lane in 0..lanes {
+        set.spawn(read_lane(
+            config.clone(),
+            server,
+            table.clone(),
+            backfill.id,
+            lane as u32,
+            queue.clone(),
+            passed.clone(),
+        ));
+    }
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(e) => {
+                return Err(Error::fatal(
+                    format!("a backfill reader of {table} stopped: {e}"),
+                    "see the log above; `waltail backfill` resumes it",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One lane: its own connection and state handle; takes ranges from
+/// `queue` until none is left, then waits until the pipeline has passed its
+/// chunks.
+async fn read_lane(
+    config: Arc<Config>,
+    server: Server,
+    table: TableName,
+    id: i64,
+    lane: u32,
+    queue: Arc<Mutex<VecDeque<KeyRange>>>,
+    mut passed: watch::Receiver<Passed>,
+) -> Result<()> {
+    let mut state = Checkpoint::open(&config.state_file())?;
+    let client = connect(&config.source).await?;
+    let mut catalog = TypeCatalog::new(Some(client));
+    let mut lane = Lane {
+        config: &config,
+        server,
+        table: &table,
+        id,
+        lane,
+        ahead: VecDeque::new(),
+        passed: &mut passed,
+    };
+    loop {
+        let range = queue.lock().expect("not poisoned").pop_front();
+        let Some(range) = range else { break };
+        if !lane.range(&mut state, &mut catalog, range).await? {
+            return Ok(());
+        }
+    }
+    // Done once the pipeline has passed this lane's last chunks.
+    while let Some(oldest) = lane.ahead.pop_front() {
+        if lane
+            .passed
+            .wait_for(|p| p.get(lane.lane) >= oldest)
+            .await
+            .is_err()
+        {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
 /// What became of a chunk between its watermarks.
 enum Chunk {
     Read(super::ChunkRows),
@@ -149,115 +282,124 @@ enum Chunk {
     Busy(Vec<String>),
 }
 
-/// Chunks read, stored and watermarked ahead of the pipeline: reading the
-/// next chunk overlaps with archiving the last one. Their rows wait in the
-/// local state, not in memory.
+/// Chunks read, stored and watermarked ahead of the pipeline, per lane:
+/// reading the next chunk overlaps with archiving the last one. Their rows
+/// wait in the local state, not in memory.
 const LOOKAHEAD: usize = 2;
 
-/// Reads, stores and hands over chunks until the table is done or the
-/// backfill is cancelled.
-async fn chunks(
-    config: &Config,
+/// A reader of key ranges, one chunk at a time.
+struct Lane<'a> {
+    config: &'a Config,
     server: Server,
-    state: &mut Checkpoint,
-    catalog: &mut TypeCatalog,
-    table: &TableName,
+    table: &'a TableName,
     id: i64,
-    completed: &mut watch::Receiver<i64>,
-) -> Result<()> {
-    let client = catalog.client().expect("the catalog has a client");
-    // Chunks left by a previous run may have their high watermarks still on
-    // the way through the stream: were they read again now, their rows
-    // would be emitted twice. An abort marker after them lets the pipeline
-    // pass them (completing those whose high watermark came) before going on.
-    if let Some(chunk) = state.unfinished_chunk(id)? {
-        emit(client, server, &config.pipeline, chunk, Mark::Abort).await?;
-        if completed.wait_for(|c| *c >= chunk).await.is_err() {
-            return Ok(());
-        }
-    }
-    let Some(backfill) = state.backfill(id)? else {
-        return Ok(());
-    };
-    let mut after = backfill.last_key;
-    let mut ahead = std::collections::VecDeque::new();
-    loop {
-        if !state.backfill(id)?.is_some_and(|b| b.is_active()) {
-            return Ok(()); // cancelled
-        }
-        while ahead.len() >= LOOKAHEAD {
-            let oldest = ahead.pop_front().expect("not empty");
-            if completed.wait_for(|c| *c >= oldest).await.is_err() {
-                // The pipeline is gone; the next start resumes from the state.
-                return Ok(());
+    lane: u32,
+    /// Its chunks handed over and not yet passed by the pipeline.
+    ahead: VecDeque<i64>,
+    passed: &'a mut watch::Receiver<Passed>,
+}
+
+impl Lane<'_> {
+    /// Reads, stores and hands over the chunks of one range until it is
+    /// done; false if the backfill was cancelled or the pipeline is gone
+    /// (the next start resumes from the state).
+    async fn range(
+        &mut self,
+        state: &mut Checkpoint,
+        catalog: &mut TypeCatalog,
+        range: KeyRange,
+    ) -> Result<bool> {
+        let (config, server, table, id, lane) =
+            (self.config, self.server, self.table, self.id, self.lane);
+        let mut after = range.last_key.clone().or(range.lo.clone());
+        loop {
+            if !state.backfill(id)?.is_some_and(|b| b.is_active()) {
+                return Ok(false); // cancelled
             }
-        }
-        // Planned for every chunk: a column added or dropped meanwhile is
-        // read (and recorded in the chunk's schema) as it now is.
-        let plan = plan(catalog, table).await?;
-        let client = catalog.client().expect("the catalog has a client");
-        let chunk = state.new_chunk(id)?;
-        let started = std::time::Instant::now();
-        emit(client, server, &config.pipeline, chunk, Mark::Low).await?;
-        let mut read_took = std::time::Duration::ZERO;
-        let read = async {
-            let xids = in_progress(client, server).await?;
-            match wait_for(client, server, state, table, id, xids, Some(WINDOW_WAIT)).await? {
-                Waited::Ended => {}
-                Waited::Cancelled => return Ok(Chunk::Cancelled),
-                Waited::TimedOut(xids) => return Ok(Chunk::Busy(xids)),
-            }
-            let rows = read_chunk(client, &plan, after.as_deref(), backfill.chunk_size).await?;
-            read_took = started.elapsed();
-            state.store_chunk(
-                chunk,
-                &rows.rows,
-                rows.last_key.as_deref(),
-                rows.is_last,
-                &plan.members,
-            )?;
-            Ok::<_, Error>(Chunk::Read(rows))
-        }
-        .await;
-        let rows = match read {
-            Ok(Chunk::Read(rows)) => rows,
-            Ok(Chunk::Cancelled) => {
-                emit(client, server, &config.pipeline, chunk, Mark::Abort).await?;
-                return Ok(());
-            }
-            Ok(Chunk::Busy(xids)) => {
-                // The window closed, so the slot is not held at its low
-                // watermark while the wait goes on; then a new chunk reads
-                // from the same key.
-                emit(client, server, &config.pipeline, chunk, Mark::Abort).await?;
-                tracing::info!(
-                    table = %table,
-                    chunk,
-                    "a backfill chunk gave up its window after {WINDOW_WAIT:?} of waiting for transactions in progress; it starts again once they have ended"
-                );
-                let waited = wait_for(client, server, state, table, id, xids, None).await?;
-                if matches!(waited, Waited::Cancelled) {
-                    return Ok(());
+            while self.ahead.len() >= LOOKAHEAD {
+                let oldest = self.ahead.pop_front().expect("not empty");
+                if self
+                    .passed
+                    .wait_for(|p| p.get(lane) >= oldest)
+                    .await
+                    .is_err()
+                {
+                    return Ok(false);
                 }
-                continue;
             }
-            Err(e) => {
-                // Closes the window now rather than at the next chunk, so
-                // the slot is not held at the low watermark meanwhile.
-                let _ = emit(client, server, &config.pipeline, chunk, Mark::Abort).await;
-                return Err(e);
+            // Planned for every chunk: a column added or dropped meanwhile is
+            // read (and recorded in the chunk's schema) as it now is.
+            let plan = plan(catalog, table).await?;
+            let client = catalog.client().expect("the catalog has a client");
+            let chunk_size = state.backfill(id)?.map_or(1, |b| b.chunk_size);
+            let chunk = state.new_chunk(id, range.id, lane)?;
+            let started = std::time::Instant::now();
+            emit(client, server, &config.pipeline, lane, chunk, Mark::Low).await?;
+            let mut read_took = Duration::ZERO;
+            let read = async {
+                let xids = in_progress(client, server).await?;
+                match wait_for(client, server, state, table, id, xids, Some(WINDOW_WAIT)).await? {
+                    Waited::Ended => {}
+                    Waited::Cancelled => return Ok(Chunk::Cancelled),
+                    Waited::TimedOut(xids) => return Ok(Chunk::Busy(xids)),
+                }
+                let rows = read_chunk(
+                    client,
+                    &plan,
+                    after.as_deref(),
+                    range.hi.as_deref(),
+                    chunk_size,
+                )
+                .await?;
+                read_took = started.elapsed();
+                state.store_chunk(
+                    chunk,
+                    &rows.rows,
+                    rows.last_key.as_deref(),
+                    rows.is_last,
+                    &plan.members,
+                )?;
+                Ok::<_, Error>(Chunk::Read(rows))
             }
-        };
-        emit(client, server, &config.pipeline, chunk, Mark::High).await?;
-        tracing::debug!(chunk, rows = rows.rows.len(), read = ?read_took, took = ?started.elapsed(), "backfill chunk read and stored");
-        ahead.push_back(chunk);
-        if rows.is_last {
-            // Done once the pipeline has passed the last chunk.
-            let _ = completed.wait_for(|c| *c >= chunk).await;
-            return Ok(());
-        }
-        if rows.last_key.is_some() {
-            after = rows.last_key;
+            .await;
+            let rows = match read {
+                Ok(Chunk::Read(rows)) => rows,
+                Ok(Chunk::Cancelled) => {
+                    emit(client, server, &config.pipeline, lane, chunk, Mark::Abort).await?;
+                    return Ok(false);
+                }
+                Ok(Chunk::Busy(xids)) => {
+                    // The window closed, so the slot is not held at its low
+                    // watermark while the wait goes on; then a new chunk reads
+                    // from the same key.
+                    emit(client, server, &config.pipeline, lane, chunk, Mark::Abort).await?;
+                    tracing::info!(
+                        table = %table,
+                        chunk,
+                        "a backfill chunk gave up its window after {WINDOW_WAIT:?} of waiting for transactions in progress; it starts again once they have ended"
+                    );
+                    let waited = wait_for(client, server, state, table, id, xids, None).await?;
+                    if matches!(waited, Waited::Cancelled) {
+                        return Ok(false);
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    // Closes the window now rather than at the next chunk, so
+                    // the slot is not held at the low watermark meanwhile.
+                    let _ = emit(client, server, &config.pipeline, lane, chunk, Mark::Abort).await;
+                    return Err(e);
+                }
+            };
+            emit(client, server, &config.pipeline, lane, chunk, Mark::High).await?;
+            tracing::debug!(chunk, lane, rows = rows.rows.len(), read = ?read_took, took = ?started.elapsed(), "backfill chunk read and stored");
+            self.ahead.push_back(chunk);
+            if rows.is_last {
+                return Ok(true);
+            }
+            if rows.last_key.is_some() {
+                after = rows.last_key;
+            }
         }
     }
 }

@@ -38,12 +38,15 @@
 //! the table stays empty but for the last watermark.
 
 pub mod command;
+pub mod copy;
 pub mod driver;
+
+pub use copy::read_chunk;
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tokio_postgres::{Client, SimpleQueryMessage};
+use tokio_postgres::Client;
 
 use crate::config::{SourceConfig, TableName};
 use crate::source::catalog::TypeCatalog;
@@ -92,8 +95,6 @@ impl Server {
 /// A chunk also ends at this many bytes of rendered rows, so wide rows keep
 /// the memory of a chunk (read here, re-read by the pipeline) bounded.
 const MAX_CHUNK_BYTES: usize = 16 << 20;
-/// Rows fetched from the chunk's cursor per round trip.
-const FETCH_ROWS: usize = 1000;
 
 /// A watermark as written into the WAL (the message content, JSON).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,7 +102,20 @@ pub struct Watermark {
     pub pipeline: String,
     pub chunk: i64,
     pub mark: Mark,
+    /// The reader that wrote it (see `backfill.parallelism`); the chunks of
+    /// one lane pass through the stream one after another. Watermarks
+    /// written before lanes existed have none: lane 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lane: u32,
 }
+
+fn is_zero(lane: &u32) -> bool {
+    *lane == 0
+}
+
+/// The chunk id of the abort that `waltail backfill --cancel` writes: it
+/// closes every lane's window.
+pub const CANCEL_CHUNK: i64 = 0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -114,6 +128,29 @@ pub enum Mark {
     Abort,
 }
 
+/// How far the pipeline has passed each lane's chunks: the highest chunk id
+/// per lane (a lane's chunks pass in the order of their ids).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Passed(Vec<i64>);
+
+impl Passed {
+    /// The highest chunk of `lane` passed so far (0: none).
+    pub fn get(&self, lane: u32) -> i64 {
+        self.0.get(lane as usize).copied().unwrap_or(0)
+    }
+
+    /// Records `chunk` of `lane` as passed; whether that moved the lane on.
+    pub fn pass(&mut self, lane: u32, chunk: i64) -> bool {
+        let lane = lane as usize;
+        if self.0.len() <= lane {
+            self.0.resize(lane + 1, 0);
+        }
+        let newer = chunk > self.0[lane];
+        self.0[lane] = self.0[lane].max(chunk);
+        newer
+    }
+}
+
 /// Writes a watermark into the WAL, in its own transaction: a logical
 /// message, or on an older server a row of [`WATERMARK_TABLE`] (the rows
 /// before it deleted in the same statement).
@@ -121,6 +158,7 @@ pub async fn emit(
     client: &Client,
     server: Server,
     pipeline: &str,
+    lane: u32,
     chunk: i64,
     mark: Mark,
 ) -> Result<()> {
@@ -128,6 +166,7 @@ pub async fn emit(
         pipeline: pipeline.to_string(),
         chunk,
         mark,
+        lane,
     })
     .expect("a watermark serialises");
     let written = if server.has_messages() {
@@ -355,12 +394,16 @@ pub struct TablePlan {
     key: Vec<(String, String, usize)>,
     /// What the key is, for messages ("primary key", "replica identity index").
     pub key_kind: &'static str,
+    /// The key's one column, by name, if its type has no collation: the
+    /// key space can be split into ranges (see [`split`]).
+    splittable: Option<String>,
 }
 
 struct Attr {
     name: String,
     type_oid: u32,
     type_mod: i32,
+    collatable: bool,
     type_name: String,
     attnum: i16,
 }
@@ -391,7 +434,7 @@ pub async fn plan(catalog: &mut TypeCatalog, table: &TableName) -> Result<TableP
     let identity: String = rel.get(1);
     let attrs: Vec<Attr> = client
         .query(
-            "SELECT attname::text, atttypid, atttypmod, format_type(atttypid, atttypmod), attnum
+            "SELECT attname::text, atttypid, atttypmod, format_type(atttypid, atttypmod), attnum, attcollation <> 0
              FROM pg_attribute
              WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = ''
              ORDER BY attnum",
@@ -406,6 +449,7 @@ pub async fn plan(catalog: &mut TypeCatalog, table: &TableName) -> Result<TableP
             type_mod: r.get(2),
             type_name: r.get(3),
             attnum: r.get(4),
+            collatable: r.get(5),
         })
         .collect();
     let index_columns = |which: &'static str| async move {
@@ -465,6 +509,10 @@ pub async fn plan(catalog: &mut TypeCatalog, table: &TableName) -> Result<TableP
         let a = &attrs[place];
         key.push((quote_ident(&a.name), a.type_name.clone(), place));
     }
+    let splittable = match key.as_slice() {
+        [(_, _, place)] if !attrs[*place].collatable => Some(attrs[*place].name.clone()),
+        _ => None,
+    };
     let mut types = Vec::with_capacity(attrs.len());
     for a in &attrs {
         types.push(catalog.resolve(a.type_oid, a.type_mod).await);
@@ -497,6 +545,7 @@ pub async fn plan(catalog: &mut TypeCatalog, table: &TableName) -> Result<TableP
         select_list,
         key,
         key_kind,
+        splittable,
     })
 }
 
@@ -549,6 +598,63 @@ pub async fn estimate(client: &Client, table: &TableName) -> Result<Estimate> {
     })
 }
 
+/// Splits the key space of `plan`'s table into up to `parts` ranges of
+/// about equal rows, from the planner's histogram of the key (`pg_stats`),
+/// so several readers start at once. Only a key of one column whose type
+/// has no collation is split: the bounds are sorted and compared by the
+/// type's own order, the same as the chunks' `ORDER BY` and key filters,
+/// so the ranges cover every key exactly once. Any other key, or a table
+/// without statistics, is one range (read by one reader, chunk after chunk).
+pub async fn split(
+    client: &Client,
+    plan: &TablePlan,
+    parts: usize,
+) -> Result<Vec<(Option<String>, Option<String>)>> {
+    let whole = vec![(None, None)];
+    let Some(column) = plan.splittable.as_ref().filter(|_| parts > 1) else {
+        return Ok(whole);
+    };
+    let type_name = &plan.key[0].1;
+    let table = &plan.table;
+    // The histogram of a partitioned table is on its root (inherited = true).
+    let bounds: Vec<String> = client
+        .query(
+            &format!(
+                "SELECT b::text FROM (
+                     SELECT DISTINCT b::{type_name} AS b FROM pg_stats s,
+                         unnest(s.histogram_bounds::text::text[]) b
+                     WHERE s.schemaname = $1 AND s.tablename = $2 AND s.attname = $3) x
+                 ORDER BY x.b"
+            ),
+            &[&table.schema, &table.name, column],
+        )
+        .await
+        .map_err(|e| Error::postgres(format!("reading the key statistics of {table}"), e))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if bounds.len() < 3 {
+        return Ok(whole);
+    }
+    // parts - 1 cut points, evenly through the bounds (each histogram bucket
+    // holds about the same number of rows); the ends stay open.
+    let inner = &bounds[1..bounds.len() - 1];
+    let cuts = (parts - 1).min(inner.len());
+    let mut points: Vec<String> = (1..=cuts)
+        .map(|i| inner[(i * inner.len()) / (cuts + 1)].clone())
+        .collect();
+    points.dedup();
+    let key = |v: &String| serde_json::to_string(&[v]).expect("strings serialise");
+    let mut ranges = Vec::with_capacity(points.len() + 1);
+    let mut lo = None;
+    for p in &points {
+        ranges.push((lo.clone(), Some(key(p))));
+        lo = Some(key(p));
+    }
+    ranges.push((lo, None));
+    Ok(ranges)
+}
+
 /// Rows read for one chunk.
 pub struct ChunkRows {
     /// `(row identity hash, data JSON)` in key order.
@@ -557,115 +663,6 @@ pub struct ChunkRows {
     pub last_key: Option<String>,
     /// Fewer rows than asked for came back: the table is done.
     pub is_last: bool,
-}
-
-/// Reads up to `limit` rows after `after` (a key as [`ChunkRows::last_key`]
-/// gives it), in key order, in one snapshot, rendered as the stream renders
-/// them. Stops early at [`MAX_CHUNK_BYTES`].
-pub async fn read_chunk(
-    client: &Client,
-    plan: &TablePlan,
-    after: Option<&str>,
-    limit: u64,
-) -> Result<ChunkRows> {
-    let table = &plan.table;
-    let mut sql = format!(
-        "DECLARE waltail_backfill NO SCROLL CURSOR FOR SELECT {} FROM {}",
-        plan.select_list,
-        table.quoted()
-    );
-    let key_list = plan
-        .key
-        .iter()
-        .map(|(name, _, _)| name.as_str())
-        .collect::<Vec<_>>()
-        .join(", ");
-    if let Some(after) = after {
-        let values: Vec<String> = serde_json::from_str(after).map_err(|e| {
-            Error::fatal(
-                format!("the recorded backfill position of {table} is unreadable: {e}"),
-                "cancel this backfill (`waltail backfill --cancel`) and start it again",
-            )
-        })?;
-        if values.len() != plan.key.len() {
-            return Err(Error::fatal(
-                format!("the key of {table} changed since its backfill started"),
-                "cancel this backfill (`waltail backfill --cancel`) and start it again",
-            ));
-        }
-        let literals = plan
-            .key
-            .iter()
-            .zip(&values)
-            .map(|((_, type_name, _), v)| format!("{}::{type_name}", quote_literal(v)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        sql.push_str(&format!(" WHERE ({key_list}) > ({literals})"));
-    }
-    sql.push_str(&format!(" ORDER BY {key_list} LIMIT {limit}"));
-    let pg = |e| Error::postgres(format!("reading a backfill chunk of {table}"), e);
-    client
-        .batch_execute(&format!(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; {sql}"
-        ))
-        .await
-        .map_err(pg)?;
-    let result = fetch_all(client, plan, limit).await;
-    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-    let ended = client.batch_execute(end).await.map_err(pg);
-    let chunk = result?;
-    ended?;
-    Ok(chunk)
-}
-
-async fn fetch_all(client: &Client, plan: &TablePlan, limit: u64) -> Result<ChunkRows> {
-    let pg = |e| Error::postgres(format!("reading a backfill chunk of {}", plan.table), e);
-    let mut rows = Vec::new();
-    let mut bytes = 0usize;
-    let mut last_key = None;
-    let mut fetched = 0u64;
-    loop {
-        let messages = client
-            .simple_query(&format!("FETCH {FETCH_ROWS} FROM waltail_backfill"))
-            .await
-            .map_err(pg)?;
-        let mut got = 0usize;
-        let mut last_row = None;
-        for m in &messages {
-            if let SimpleQueryMessage::Row(row) = m {
-                got += 1;
-                fetched += 1;
-                let (data, hash) = plan.shape.render((0..row.len()).map(|i| row.get(i)));
-                bytes += data.len();
-                rows.push((hash, data));
-                last_row = Some(row);
-            }
-        }
-        // Only the last row's key matters: the next chunk starts after it.
-        if let Some(row) = last_row {
-            let key: Vec<&str> = plan
-                .key
-                .iter()
-                .map(|(_, _, place)| row.get(*place).unwrap_or_default())
-                .collect();
-            last_key = Some(serde_json::to_string(&key).expect("strings serialise"));
-        }
-        if bytes >= MAX_CHUNK_BYTES {
-            // More rows may follow: the next chunk starts after this one.
-            return Ok(ChunkRows {
-                rows,
-                last_key,
-                is_last: false,
-            });
-        }
-        if got < FETCH_ROWS || fetched >= limit {
-            return Ok(ChunkRows {
-                rows,
-                last_key,
-                is_last: fetched < limit,
-            });
-        }
-    }
 }
 
 /// The configured table a name on the command line means.
