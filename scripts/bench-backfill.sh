@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 ROWS=${ROWS:-1000000}
 BATCH=${BATCH:-1000}
 CHUNK=${CHUNK:-5000}
-DESTS=${DESTS:-folder s3}
+DESTS=${DESTS-folder s3}
 PARALLELISM=${PARALLELISM:-1 2}
 LAT_RATE=${LAT_RATE:-}
 base=${TMPDIR:-/tmp}
@@ -71,17 +71,17 @@ copy_rate=$(rate "$ROWS" "$copy_secs")
 
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat"; }
 weed_pid=$(cat "$S3_ROOT/weed.pid")
-# Runs waltail with destination $1 (folder or s3) as pipeline $2; the rest
-# are its arguments.
+# Runs waltail (exec: call it in a subshell) with destination $1 (folder or
+# s3) as pipeline $2; the rest are its arguments.
 waltail_to() {
   local dest=$1 name=$2; shift 2
   if [ "$dest" = folder ]; then
-    env -u WALTAIL_DESTINATION_BUCKET -u WALTAIL_DESTINATION_ENDPOINT -u WALTAIL_DESTINATION_USE_PATH_STYLE \
+    exec ${WRAP:-} env -u WALTAIL_DESTINATION_BUCKET -u WALTAIL_DESTINATION_ENDPOINT -u WALTAIL_DESTINATION_USE_PATH_STYLE \
       -u WALTAIL_DESTINATION_ACCESS_KEY_ID -u WALTAIL_DESTINATION_SECRET_ACCESS_KEY \
       WALTAIL_DESTINATION_TYPE=file WALTAIL_DESTINATION_PATH="$work/archive-$name" \
       WALTAIL_PIPELINE=$name WALTAIL_STATE_DIR=$work/state-$name "$bin" "$@"
   else
-    WALTAIL_DESTINATION_PREFIX=$name WALTAIL_PIPELINE=$name WALTAIL_STATE_DIR=$work/state-$name "$bin" "$@"
+    WALTAIL_DESTINATION_PREFIX=$name WALTAIL_PIPELINE=$name WALTAIL_STATE_DIR=$work/state-$name exec "$bin" "$@"
   fi
 }
 # Samples VmHWM of pid $1 into file $2 while it runs (gone once it exits).
@@ -104,8 +104,9 @@ backfill() {
   psql -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active" >/dev/null
   local weed0; weed0=$(cpu_s "$weed_pid")
   t0=$(now)
-  WALTAIL_BACKFILL_BATCH_SIZE=$BATCH WALTAIL_BACKFILL_PARALLELISM=$par \
-    waltail_to "$dest" "$name" backfill --yes --chunk-size "$CHUNK" >"$log" 2>&1 &
+  # PARALLELISM=- leaves backfill.parallelism unset (a release without it).
+  ( [ "$par" = - ] || export WALTAIL_BACKFILL_PARALLELISM="$par"
+    WALTAIL_BACKFILL_BATCH_SIZE=$BATCH waltail_to "$dest" "$name" backfill --yes --chunk-size "$CHUNK" ) >"$log" 2>&1 &
   wt=$!
   sample_peak "$wt" "$peak"
   local cpu=0
@@ -144,7 +145,7 @@ if [ -n "$LAT_RATE" ]; then
   echo "INSERT INTO lat (at) VALUES (clock_timestamp());" >"$work/lat.sql"
   name=lat-$RANDOM
   export WALTAIL_SOURCE_TABLES=public.bench,public.lat WALTAIL_SOURCE_PUBLICATION=waltail_lat
-  waltail_to folder "$name" run >"$work/$name.log" 2>&1 &
+  ( waltail_to folder "$name" run ) >"$work/$name.log" 2>&1 &
   wt=$!
   until grep -q streaming "$work/$name.log"; do
     kill -0 "$wt" 2>/dev/null || { cat "$work/$name.log" >&2; exit 1; }
@@ -155,17 +156,19 @@ if [ -n "$LAT_RATE" ]; then
   bg=$!
   sleep 2
   t0=$(now)
-  waltail_to folder "$name" backfill --yes --chunk-size "$CHUNK" >"$work/$name.backfill.log" 2>&1 \
+  ( waltail_to folder "$name" backfill --yes --chunk-size "$CHUNK" public.bench ) >"$work/$name.backfill.log" 2>&1 \
     || { cat "$work/$name.backfill.log" >&2; exit 1; }
-  secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
-  kill -INT "$bg"; wait "$bg" 2>/dev/null || true; bg=
+  t1=$(now)
+  secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+  kill "$bg"; wait "$bg" 2>/dev/null || true; bg=
   sleep 2
   kill -INT "$wt"; wait "$wt" || true; wt=
   wait "$sampler" 2>/dev/null || true; sampler=
-  rows=$(psql -c "SELECT count(*) FROM lat")
-  lat=$(python3 - "$work/archive-$name" "$rows" <<'PY'
+  # Only the changes committed while the backfill ran.
+  rows=$(psql -c "SELECT count(*) FROM lat WHERE at BETWEEN to_timestamp($t0) AND to_timestamp($t1)")
+  lat=$(python3 - "$work/archive-$name" "$rows" "$t0" "$t1" <<'PY'
 import datetime, json, os, sys
-root, rows = sys.argv[1], int(sys.argv[2])
+root, rows, t0, t1 = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 lat = []
 for d, _, files in os.walk(root):
     for f in files:
@@ -179,7 +182,8 @@ for d, _, files in os.walk(root):
                 if e.get("table") != "public.lat" or e.get("op") != "insert":
                     continue
                 at = datetime.datetime.fromisoformat(e["data"]["at"]).timestamp()
-                lat.append(arrived - at)
+                if t0 <= at <= t1:
+                    lat.append(arrived - at)
 lat.sort()
 pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000
 note = "" if len(lat) == rows else f" (WARNING: {len(lat)} lines for {rows} rows)"

@@ -205,9 +205,15 @@ async fn backfill_while_writes_go_on() {
         .lines()
         .filter(|l| l.contains("backfill started"))
         .collect();
-    for (t, parts) in [("a", "ranges=12 readers=3"), ("b", "ranges=1 readers=1"), ("c", "ranges=12 readers=3")] {
+    for (t, parts) in [
+        ("a", "ranges=12 readers=3"),
+        ("b", "ranges=1 readers=1"),
+        ("c", "ranges=12 readers=3"),
+    ] {
         assert!(
-            started.iter().any(|l| l.contains(&format!("public.{t} ")) && l.contains(parts)),
+            started
+                .iter()
+                .any(|l| l.contains(&format!("public.{t} ")) && l.contains(parts)),
             "public.{t} not read in {parts}: {started:?}"
         );
     }
