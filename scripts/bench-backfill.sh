@@ -18,6 +18,8 @@
 #        ROWS=10000000 DESTS=folder PARALLELISM=2 scripts/bench-backfill.sh  (memory)
 #        LAT_RATE=500 scripts/bench-backfill.sh         (streaming latency during a backfill)
 #        BENCH_BIN=path/to/waltail scripts/bench-backfill.sh  (that binary, no build)
+#        KEEP=/tmp/bf WALTAIL_LOG=info,waltail::source::backfill=debug scripts/bench-backfill.sh
+#                                                       (keeps the logs, with each chunk's read and store times)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROWS=${ROWS:-1000000}
@@ -36,7 +38,7 @@ cleanup() {
   for p in $wt $sampler $bg; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   scripts/s3-stop.sh >/dev/null 2>&1 || true
   scripts/pg-stop.sh >/dev/null 2>&1 || true
-  rm -rf "$work"
+  [ -n "${KEEP:-}" ] && cp -r "$work" "$KEEP"; rm -rf "$work"
 }
 trap cleanup EXIT
 
