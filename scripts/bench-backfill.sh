@@ -168,30 +168,7 @@ if [ -n "$LAT_RATE" ]; then
   wait "$sampler" 2>/dev/null || true; sampler=
   # Only the changes committed while the backfill ran.
   rows=$(psql -c "SELECT count(*) FROM lat WHERE at BETWEEN to_timestamp($t0) AND to_timestamp($t1)")
-  lat=$(python3 - "$work/archive-$name" "$rows" "$t0" "$t1" <<'PY'
-import datetime, json, os, sys
-root, rows, t0, t1 = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-lat = []
-for d, _, files in os.walk(root):
-    for f in files:
-        if not f.endswith(".ndjson"):
-            continue
-        p = os.path.join(d, f)
-        arrived = os.stat(p).st_mtime_ns / 1e9
-        with open(p) as fh:
-            for line in fh:
-                e = json.loads(line)
-                if e.get("table") != "public.lat" or e.get("op") != "insert":
-                    continue
-                at = datetime.datetime.fromisoformat(e["data"]["at"]).timestamp()
-                if t0 <= at <= t1:
-                    lat.append(arrived - at)
-lat.sort()
-pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000
-note = "" if len(lat) == rows else f" (WARNING: {len(lat)} lines for {rows} rows)"
-print(f"p50 {pct(0.50):.0f} ms, p99 {pct(0.99):.0f} ms, max {lat[-1] * 1000:.0f} ms over {len(lat)} changes{note}")
-PY
-)
+  lat=$(python3 scripts/latency.py "$work/archive-$name" "$rows" public.lat "$t0" "$t1")
   printf '\nstreamed changes at %s tx/s while `waltail backfill` read %s rows in %.1f s (%s rows/s) into the folder:\n  %s; peak RSS %s MB\n' \
     "$LAT_RATE" "$ROWS" "$secs" "$(rate "$ROWS" "$secs")" "$lat" "$(awk '{printf "%.1f", $1/1024}' "$work/$name.peak")"
 fi

@@ -272,31 +272,7 @@ PY
         -o "$objects/$(basename "$key")" "$WALTAIL_DESTINATION_ENDPOINT/$WALTAIL_DESTINATION_BUCKET/$key"
     done <"$objects/arrivals"
   fi
-  local lat; lat=$(python3 - "$objects" "$rows" <<'PY'
-import datetime, json, os, sys
-root, rows = sys.argv[1], int(sys.argv[2])
-arrivals = {}
-if os.path.exists(os.path.join(root, "arrivals")):
-    for line in open(os.path.join(root, "arrivals")):
-        key, t = line.split()
-        arrivals[os.path.basename(key)] = float(t)
-lat = []
-for d, _, files in os.walk(root):
-    for f in files:
-        if not f.endswith(".ndjson"):
-            continue
-        p = os.path.join(d, f)
-        arrived = arrivals.get(f, os.stat(p).st_mtime_ns / 1e9) if arrivals else os.stat(p).st_mtime_ns / 1e9
-        with open(p) as fh:
-            for line in fh:
-                at = datetime.datetime.fromisoformat(json.loads(line)["data"]["at"]).timestamp()
-                lat.append(arrived - at)
-lat.sort()
-pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000
-note = "" if len(lat) == rows else f" (WARNING: {len(lat)} lines for {rows} rows)"
-print(f"p50 {pct(0.50):.0f} ms, p99 {pct(0.99):.0f} ms, max {lat[-1] * 1000:.0f} ms over {len(lat)} changes{note}")
-PY
-)
+  local lat; lat=$(python3 scripts/latency.py "$objects" "$rows")
   lat_rows+=("$(printf '%-22s %-7s at %5s tx/s: %s; peak RSS %s' "$3" "$dest" "$tps" "$lat" "$lat_peak")")
   echo "   ${lat_rows[-1]}"
 }
