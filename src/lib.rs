@@ -18,6 +18,7 @@
 //! wholly in the archive) and no seq range is written as two different
 //! objects (batch intents are persisted before each PUT).
 
+pub mod backoff;
 pub mod batch;
 pub mod checkpoint;
 pub mod cli;

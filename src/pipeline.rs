@@ -25,6 +25,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::backoff::Backoff;
 use crate::batch::{Batch, Batcher, Cut};
 use crate::checkpoint::{self, Checkpoint, Chunk, Cursor, ParkStatus, Parked, Progress};
 use crate::config::Config;
@@ -109,7 +110,7 @@ pub async fn run(config: &Config, opts: &RunOptions, mut shutdown: Shutdown) -> 
     // backfill task (spanning sessions) waits on it.
     let (chunks_done, chunks_done_rx) = watch::channel(Passed::default());
     let mut backfill = Driver::new(config, chunks_done_rx);
-    let mut wait = RECONNECT_MIN;
+    let mut wait = Backoff::new(RECONNECT_MIN, RECONNECT_MAX);
     let mut set_up = false;
     loop {
         let started = Instant::now();
@@ -133,14 +134,14 @@ pub async fn run(config: &Config, opts: &RunOptions, mut shutdown: Shutdown) -> 
             Ok(()) => return Ok(()),
             Err(e) if e.disposition() == Disposition::Retry && *shutdown.borrow() == 0 => {
                 if started.elapsed() > RECONNECT_MAX * 2 {
-                    wait = RECONNECT_MIN;
+                    wait.reset();
                 }
-                tracing::warn!(error = %crate::error::Report(&e), retry_in = ?wait, "source connection lost; reconnecting");
+                tracing::warn!(error = %crate::error::Report(&e), retry_in = ?wait.wait(), "source connection lost; reconnecting");
                 tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
+                    _ = tokio::time::sleep(wait.wait()) => {}
                     _ = shutdown.changed() => return Ok(()),
                 }
-                wait = (wait * 2).min(RECONNECT_MAX);
+                wait.grow();
             }
             Err(e) => return Err(e),
         }

@@ -11,6 +11,7 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
 use super::compacted::TableEntry;
 use super::typing::SchemaRecord;
+use crate::backoff::Backoff;
 use crate::error::Disposition;
 use crate::sink::codec::Codec;
 use crate::{Error, Result};
@@ -357,17 +358,20 @@ pub(crate) async fn retrying<T, F: std::future::Future<Output = Result<T>>>(
     mut attempt: impl FnMut() -> F,
 ) -> Result<T> {
     let started = std::time::Instant::now();
-    let mut wait = std::time::Duration::from_millis(100);
+    let mut wait = Backoff::new(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(5),
+    );
     loop {
         match attempt().await {
             Err(e)
                 if e.disposition() == Disposition::Retry
                     && !local_disk(&e)
-                    && started.elapsed() + wait < GET_RETRY_FOR =>
+                    && started.elapsed() + wait.wait() < GET_RETRY_FOR =>
             {
-                tracing::info!(error = %crate::error::Report(&e), ?wait, "trying again");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(std::time::Duration::from_secs(5));
+                tracing::info!(error = %crate::error::Report(&e), wait = ?wait.wait(), "trying again");
+                tokio::time::sleep(wait.wait()).await;
+                wait.grow();
             }
             done => return done,
         }

@@ -17,6 +17,7 @@ use super::{
     Mark, Passed, Server, check_server, connect, emit, ensure_watermark_table, in_progress, plan,
     read_chunk, sessions_of, split, still_in_progress,
 };
+use crate::backoff::Backoff;
 use crate::checkpoint::{Backfill, Checkpoint, KeyRange};
 use crate::config::{Config, TableName};
 use crate::error::{Disposition, Report};
@@ -71,14 +72,14 @@ impl Drop for Driver {
 
 /// Works through the waiting backfills; retries connection problems.
 async fn run(config: Arc<Config>, passed: watch::Receiver<Passed>) {
-    let mut wait = RETRY_MIN;
+    let mut wait = Backoff::new(RETRY_MIN, RETRY_MAX);
     loop {
         match work(&config, &passed).await {
             Ok(()) => return,
             Err(e) if e.disposition() == Disposition::Retry => {
-                tracing::warn!(error = %Report(&e), retry_in = ?wait, "backfill interrupted; retrying");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(RETRY_MAX);
+                tracing::warn!(error = %Report(&e), retry_in = ?wait.wait(), "backfill interrupted; retrying");
+                tokio::time::sleep(wait.wait()).await;
+                wait.grow();
             }
             Err(e) => {
                 tracing::error!(error = %Report(&e), "backfill stopped");
@@ -438,7 +439,7 @@ async fn wait_for(
 ) -> Result<Waited> {
     let started = std::time::Instant::now();
     let mut told: Option<std::time::Instant> = None;
-    let mut pause = Duration::from_millis(1);
+    let mut pause = Backoff::new(Duration::from_millis(1), POLL_MAX);
     loop {
         xids = still_in_progress(client, server, &xids).await?;
         if xids.is_empty() {
@@ -468,7 +469,7 @@ async fn wait_for(
                 told = Some(std::time::Instant::now());
             }
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(POLL_MAX);
+        tokio::time::sleep(pause.wait()).await;
+        pause.grow();
     }
 }
