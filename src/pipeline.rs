@@ -918,6 +918,11 @@ impl Pipeline<'_> {
                     // done in the state: its rows go out again as before,
                     // so the changes after it keep their seqs.
                     if let Some(chunk) = chunk.filter(|c| c.done && c.stored) {
+                        tracing::info!(
+                            chunk = chunk.id,
+                            lane,
+                            "a backfill chunk done before the restart: its read events go out again with their seqs"
+                        );
                         let rows = self.checkpoint.chunk_rows(chunk.id)?;
                         let skipped = self.checkpoint.chunk_skipped(chunk.id)?;
                         self.emit_chunk(&chunk, rows, &skipped, commit_lsn, commit_ts)
