@@ -624,8 +624,9 @@ pub struct Backfill {
     /// Of those, rows sent as `read` events (the others changed while their
     /// chunk was read; the change itself carries them).
     pub rows_sent: u64,
-    /// The key (a JSON array of the key columns' text values) of the last
-    /// row handed over; the next chunk starts after it.
+    /// For a backfill begun before key ranges existed: the key (a JSON
+    /// array of the key columns' text values) of the last row handed over,
+    /// where its one range resumes. Ranges keep their own (see [`KeyRange`]).
     pub last_key: Option<String>,
     pub error: Option<String>,
     pub requested_at: String,
@@ -1020,7 +1021,8 @@ impl Checkpoint {
                  UPDATE backfills SET
                      rows_read = rows_read + (SELECT rows FROM c),
                      rows_sent = rows_sent + ?2,
-                     last_key = COALESCE((SELECT last_key FROM c), last_key),
+                     last_key = CASE WHEN (SELECT range_id FROM c) IS NULL
+                                     THEN COALESCE((SELECT last_key FROM c), last_key) ELSE last_key END,
                      status = CASE WHEN (SELECT yes FROM finished)
                                    AND status IN ('pending', 'running') THEN 'done' ELSE status END,
                      finished_at = CASE WHEN (SELECT yes FROM finished) THEN ?3 ELSE finished_at END
@@ -1237,6 +1239,8 @@ mod tests {
             (b.rows_read, b.rows_sent, b.status.as_str()),
             (3, 2, "pending")
         );
+        // Ranges keep their positions; the backfill's own is for one walk.
+        assert_eq!(b.last_key, None);
         let ranges = cp.ranges(id).unwrap();
         assert!(ranges[0].done && !ranges[1].done);
         assert_eq!(ranges[1].last_key.as_deref(), Some(r#"["3"]"#));

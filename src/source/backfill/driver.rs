@@ -314,9 +314,9 @@ impl Lane<'_> {
             (self.config, self.server, self.table, self.id, self.lane);
         let mut after = range.last_key.clone().or(range.lo.clone());
         loop {
-            if !state.backfill(id)?.is_some_and(|b| b.is_active()) {
+            let Some(backfill) = state.backfill(id)?.filter(Backfill::is_active) else {
                 return Ok(false); // cancelled
-            }
+            };
             while self.ahead.len() >= LOOKAHEAD {
                 let oldest = self.ahead.pop_front().expect("not empty");
                 if self
@@ -332,7 +332,6 @@ impl Lane<'_> {
             // read (and recorded in the chunk's schema) as it now is.
             let plan = plan(catalog, table).await?;
             let client = catalog.client().expect("the catalog has a client");
-            let chunk_size = state.backfill(id)?.map_or(1, |b| b.chunk_size);
             let chunk = state.new_chunk(id, range.id, lane)?;
             let started = std::time::Instant::now();
             emit(client, server, &config.pipeline, lane, chunk, Mark::Low).await?;
@@ -349,7 +348,7 @@ impl Lane<'_> {
                     &plan,
                     after.as_deref(),
                     range.hi.as_deref(),
-                    chunk_size,
+                    backfill.chunk_size,
                 )
                 .await?;
                 read_took = started.elapsed();
