@@ -287,12 +287,13 @@ async fn a_commit_not_yet_visible_is_not_overwritten_by_a_read() {
 
     // Sessions that ask for synchronous commit now wait for a standby that
     // never connects; everyone else commits locally.
+    db.exec("CREATE TABLE sync_probe (n int)").await;
     db.exec("ALTER SYSTEM SET synchronous_standby_names = 'never_connects'")
         .await;
     db.exec("ALTER SYSTEM SET synchronous_commit = 'local'")
         .await;
     db.exec("SELECT pg_reload_conf()").await;
-    let held = TestDb::attach(&db.url).await;
+    let held = std::sync::Arc::new(TestDb::attach(&db.url).await);
     let pid: i32 = held
         .client
         .query_one("SELECT pg_backend_pid()", &[])
@@ -300,21 +301,31 @@ async fn a_commit_not_yet_visible_is_not_overwritten_by_a_read() {
         .unwrap()
         .get(0);
     held.exec("SET synchronous_commit = on").await;
-    let updating = tokio::spawn(async move {
-        held.client
-            .batch_execute("UPDATE a SET v = -1 WHERE id = 150")
-            .await
-    });
+    // The reload reaches the server's processes in their own time, and
+    // commits wait only once the checkpointer has it (CI once saw the
+    // update commit at once). A probe commit, on a table outside the
+    // pipeline, shows when they wait; it is then let go.
+    let mut probes = 0;
+    while !commit_waits(&db, &held, pid, "INSERT INTO sync_probe VALUES (1)").await {
+        probes += 1;
+        assert!(probes < 60, "commits never waited for the standby");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    db.exec(&format!("SELECT pg_cancel_backend({pid})")).await;
+    eventually(Duration::from_secs(30), "the probe let go", async || {
+        !sync_rep_waits(&db, pid).await
+    })
+    .await;
+    let updating = {
+        let held = held.clone();
+        tokio::spawn(async move {
+            held.client
+                .batch_execute("UPDATE a SET v = -1 WHERE id = 150")
+                .await
+        })
+    };
     eventually(Duration::from_secs(30), "the commit held", async || {
-        let waiting = db
-            .client
-            .query_opt(
-                "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'",
-                &[&pid],
-            )
-            .await
-            .unwrap();
-        waiting.is_some()
+        sync_rep_waits(&db, pid).await
     })
     .await;
     // The stream has the update; new snapshots do not see it yet.
@@ -353,6 +364,45 @@ async fn a_commit_not_yet_visible_is_not_overwritten_by_a_read() {
     assert_read_once(&reads_per_row(&changes));
     assert_eq!(reads_per_row(&changes).len(), 900);
     run.stop();
+}
+
+/// Whether session `pid` waits for a synchronous standby.
+async fn sync_rep_waits(db: &TestDb, pid: i32) -> bool {
+    db.client
+        .query_opt(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'",
+            &[&pid],
+        )
+        .await
+        .unwrap()
+        .is_some()
+}
+
+/// Runs `sql` on `session` (backend `pid`, synchronous_commit on): true
+/// once its commit waits for the standby (it is left waiting), false when
+/// it commits at once.
+async fn commit_waits(
+    db: &TestDb,
+    session: &std::sync::Arc<TestDb>,
+    pid: i32,
+    sql: &'static str,
+) -> bool {
+    let running = {
+        let session = session.clone();
+        tokio::spawn(async move { session.client.batch_execute(sql).await })
+    };
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if sync_rep_waits(db, pid).await {
+            return true;
+        }
+        if running.is_finished() {
+            running.await.unwrap().unwrap();
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{sql} neither committed nor waited for the standby within 10 s");
 }
 
 /// `waltail backfill` with no pipeline running runs one itself; killed with
