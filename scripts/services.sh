@@ -11,6 +11,8 @@
 #     compact test reads Parquet with, with DuckDB's delta and httpfs
 #     extensions (wheels, loaded offline), and the deltalake package with
 #     pyarrow; tests/readers/delta.py reads Delta tables with them
+#   - moto, an AWS (STS and S3 with IAM checks) that tests/credentials.rs
+#     starts per test (installed if missing, see moto.sh)
 # Usage: eval "$(scripts/services.sh up)"; ...; scripts/services.sh down
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,6 +29,7 @@ case "${1:-}" in
       chromium=
     }
     duckdb_python=$("$here/duckdb.sh")
+    moto_python=$("$here/moto.sh")
     cat <<ENV
 export WT_TEST_PG='$pg'
 export WT_TEST_PG_REPLICA='$pg_replica'
@@ -39,6 +42,7 @@ export WT_TEST_S3_PUT_SECRET='waltail-put-only-secret'
 export WT_TEST_S3_ROOT='$base/waltail-s3'
 export WT_TEST_CHROMIUM='$chromium'
 export WT_TEST_DUCKDB_PYTHON='$duckdb_python'
+export WT_TEST_MOTO_PYTHON='$moto_python'
 ENV
     ;;
   down)

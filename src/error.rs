@@ -271,7 +271,66 @@ pub fn summarize_store_error(err: &object_store::Error) -> String {
 }
 
 /// The fix for a failed request to the destination.
+/// Why no S3 credential could be had (sink::credentials), kept whole so that
+/// the hint can say what to set.
+/// what to set ([`CredentialsFailure::hint`]).
+#[derive(Debug)]
+pub struct CredentialsFailure {
+    text: String,
+    role: Option<String>,
+    /// STS (or the provider's service) answered no, as opposed to no
+    /// credentials found or none in time.
+    refused: bool,
+}
+
+impl std::fmt::Display for CredentialsFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.role {
+            Some(arn) => write!(f, "no S3 credentials for role {arn}: {}", self.text),
+            None => write!(f, "no S3 credentials: {}", self.text),
+        }
+    }
+}
+
+impl std::error::Error for CredentialsFailure {}
+
+impl CredentialsFailure {
+    pub fn new(text: String, role: Option<String>, refused: bool) -> CredentialsFailure {
+        CredentialsFailure {
+            text,
+            role,
+            refused,
+        }
+    }
+
+    /// What the operator should do.
+    pub fn hint(&self) -> String {
+        if self.role.is_some() && self.refused {
+            return "STS refused to assume the role: its trust policy must allow the credentials \
+                    that sign the request (the profile, AWS_* variables or instance role), and \
+                    destination.external_id must be the one it asks for"
+                .into();
+        }
+        if self.text.contains("profile") {
+            return "check destination.profile (or AWS_PROFILE) against the shared files \
+                    (~/.aws/config and ~/.aws/credentials, or AWS_CONFIG_FILE and \
+                    AWS_SHARED_CREDENTIALS_FILE)"
+                .into();
+        }
+        "set destination.access_key_id and destination.secret_access_key, or \
+         AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile (destination.profile or \
+         AWS_PROFILE), or run where an instance, container or web-identity role is given"
+            .into()
+    }
+}
+
 pub fn store_hint(err: &object_store::Error) -> Option<String> {
+    if let object_store::Error::Unauthenticated { source, .. }
+    | object_store::Error::Generic { source, .. } = err
+        && let Some(failure) = source.downcast_ref::<CredentialsFailure>()
+    {
+        return Some(failure.hint());
+    }
     let text = err.to_string();
     Some(match err {
         object_store::Error::PermissionDenied { .. }
@@ -361,5 +420,23 @@ impl fmt::Display for Report<'_> {
             cause = c.source();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credential_hints_say_what_to_set() {
+        let f = |text: &str, role: Option<&str>, refused: bool| {
+            CredentialsFailure::new(text.into(), role.map(str::to_string), refused).hint()
+        };
+        let no = "no providers in chain provided credentials";
+        assert!(f(no, None, false).contains("AWS_PROFILE"));
+        assert!(f("profile `x` was not defined", None, false).contains("AWS_CONFIG_FILE"));
+        let role = Some("arn:aws:iam::1:role/r");
+        assert!(f("service error", role, true).contains("trust policy"));
+        assert!(!f("dispatch failure", role, false).contains("trust policy"));
     }
 }

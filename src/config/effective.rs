@@ -168,11 +168,29 @@ fn destination(d: &DestinationConfig, key: &str) -> Value {
             "use_path_style" => Value::Set(toml::Value::Boolean(s3.use_path_style)),
             "access_key_id" => match &s3.access_key_id {
                 Some(k) => text(k),
-                None => Value::Unset("not set: the AWS_* variables"),
+                None => Value::Unset("not set: the AWS credential chain"),
             },
             "secret_access_key" => match &s3.secret_access_key {
                 Some(_) => Value::Unset("set (hidden)"),
                 None => Value::NotHere,
+            },
+            "profile" => match (&s3.profile, &s3.access_key_id) {
+                (Some(p), _) => text(p),
+                (None, None) => Value::Unset("not set: AWS_PROFILE, else \"default\""),
+                (None, Some(_)) => Value::Unset("not used: the static keys above"),
+            },
+            "role_arn" => match &s3.role {
+                Some(r) => text(&r.arn),
+                None => Value::Unset("not set: no role is assumed"),
+            },
+            "external_id" => match s3.role.as_ref().map(|r| r.external_id.as_ref()) {
+                Some(Some(id)) => text(id),
+                Some(None) => Value::Unset("not set"),
+                None => Value::Unset("not used: no role_arn"),
+            },
+            "role_session_name" => match &s3.role {
+                Some(r) => text(&r.session_name),
+                None => Value::Unset("not used: no role_arn"),
             },
             _ => Value::NotHere,
         },

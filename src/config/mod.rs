@@ -366,6 +366,21 @@ pub struct S3Config {
     pub use_path_style: bool,
     pub access_key_id: Option<String>,
     pub secret_access_key: Option<SecretString>,
+    /// `destination.profile`: the profile of the shared AWS files; `None`
+    /// is AWS_PROFILE, else "default".
+    pub profile: Option<String>,
+    /// `destination.role_arn` and its options: the role to assume through
+    /// STS with whatever credentials the rest of the chain finds.
+    pub role: Option<AssumeRole>,
+}
+
+/// A role the S3 credentials come from (`destination.role_arn`).
+#[derive(Debug, Clone)]
+pub struct AssumeRole {
+    pub arn: String,
+    pub external_id: Option<String>,
+    /// Default "waltail".
+    pub session_name: String,
 }
 
 #[derive(Debug, Clone)]
@@ -527,11 +542,25 @@ struct RawDestination {
     /// Path-style addressing (MinIO and most compatible stores). Default
     /// false.
     use_path_style: Option<bool>,
-    /// Static credentials, with secret_access_key; without both, the AWS_*
-    /// variables and the container or instance credentials.
+    /// Static credentials, with secret_access_key; without both, the AWS
+    /// credential chain: the AWS_* variables, the shared files' profile,
+    /// web identity, then container or instance credentials.
     access_key_id: Option<String>,
     /// Never printed. A file holding it must be private (chmod 600).
     secret_access_key: Option<String>,
+    /// A profile of the shared AWS files (~/.aws/config and
+    /// ~/.aws/credentials, or AWS_CONFIG_FILE and
+    /// AWS_SHARED_CREDENTIALS_FILE); set, it is the only source, as the
+    /// CLI's --profile. Default: the chain, with AWS_PROFILE, else "default".
+    profile: Option<String>,
+    /// An IAM role to assume through STS, e.g.
+    /// "arn:aws:iam::123456789012:role/archive-writer", with the
+    /// credentials found otherwise; refreshed before they expire.
+    role_arn: Option<String>,
+    /// The external id the role's trust policy asks for, if any.
+    external_id: Option<String>,
+    /// The role session's name, seen in CloudTrail. Default "waltail".
+    role_session_name: Option<String>,
     /// The folder, for type = "file". Default "./waltail-archive".
     path: Option<PathBuf>,
     /// How objects are encoded: "none" (.ndjson), "gzip" (.ndjson.gz) or
@@ -608,6 +637,10 @@ pub(crate) const KEYS: &[(&str, &str, Kind)] = &[
     ("destination", "use_path_style", Kind::Bool),
     ("destination", "access_key_id", Kind::Str),
     ("destination", "secret_access_key", Kind::Str),
+    ("destination", "profile", Kind::Str),
+    ("destination", "role_arn", Kind::Str),
+    ("destination", "external_id", Kind::Str),
+    ("destination", "role_session_name", Kind::Str),
     ("destination", "path", Kind::Str),
     ("destination", "compression", Kind::Str),
     ("delivery", "batch_size", Kind::Int),
@@ -1271,6 +1304,10 @@ fn destination(d: RawDestination) -> Result<DestinationConfig> {
                 ("use_path_style", d.use_path_style.is_some()),
                 ("access_key_id", d.access_key_id.is_some()),
                 ("secret_access_key", d.secret_access_key.is_some()),
+                ("profile", d.profile.is_some()),
+                ("role_arn", d.role_arn.is_some()),
+                ("external_id", d.external_id.is_some()),
+                ("role_session_name", d.role_session_name.is_some()),
             ] {
                 if set {
                     return Err(Error::config(format!(
@@ -1302,9 +1339,15 @@ fn destination(d: RawDestination) -> Result<DestinationConfig> {
             }
             if d.access_key_id.is_some() != d.secret_access_key.is_some() {
                 return Err(Error::config(
-                    "destination.access_key_id and destination.secret_access_key go together: set both, or neither to use the AWS_* variables",
+                    "destination.access_key_id and destination.secret_access_key go together: set both, or neither to use the AWS credential chain (AWS_* variables, a profile, an instance role)",
                 ));
             }
+            if d.profile.is_some() && d.access_key_id.is_some() {
+                return Err(Error::config(
+                    "destination.profile and destination.access_key_id both say where the credentials are: keep one",
+                ));
+            }
+            let role = assume_role(d.role_arn, d.external_id, d.role_session_name)?;
             Ok(DestinationConfig::S3(S3Config {
                 bucket,
                 prefix,
@@ -1313,12 +1356,60 @@ fn destination(d: RawDestination) -> Result<DestinationConfig> {
                 use_path_style: d.use_path_style.unwrap_or(false),
                 access_key_id: d.access_key_id,
                 secret_access_key: d.secret_access_key.map(SecretString::from),
+                profile: d.profile,
+                role,
             }))
         }
         other => Err(Error::config(format!(
             "destination.type = {other:?}: use \"s3\" or \"file\""
         ))),
     }
+}
+
+/// `destination.role_arn` with its options, checked as STS would check them,
+/// so a typo stops at start rather than at the first upload.
+fn assume_role(
+    arn: Option<String>,
+    external_id: Option<String>,
+    session_name: Option<String>,
+) -> Result<Option<AssumeRole>> {
+    let Some(arn) = arn else {
+        for (key, set) in [
+            ("external_id", external_id.is_some()),
+            ("role_session_name", session_name.is_some()),
+        ] {
+            if set {
+                return Err(Error::config(format!(
+                    "destination.{key} applies to an assumed role: set destination.role_arn too"
+                )));
+            }
+        }
+        return Ok(None);
+    };
+    if !(arn.starts_with("arn:") && arn.contains(":role/")) {
+        return Err(Error::config(format!(
+            "destination.role_arn = {arn:?}: give a role's ARN, e.g. \"arn:aws:iam::123456789012:role/archive-writer\""
+        )));
+    }
+    if let Some(id) = &external_id
+        && !(2..=1224).contains(&id.len())
+    {
+        return Err(Error::config(
+            "destination.external_id: STS takes 2 to 1224 characters",
+        ));
+    }
+    let session_name = session_name.unwrap_or_else(|| "waltail".to_string());
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "_+=,.@-".contains(c);
+    if !(2..=64).contains(&session_name.len()) || !session_name.chars().all(allowed) {
+        return Err(Error::config(format!(
+            "destination.role_session_name = {session_name:?}: STS takes 2 to 64 of letters, digits and _+=,.@-"
+        )));
+    }
+    Ok(Some(AssumeRole {
+        arn,
+        external_id,
+        session_name,
+    }))
 }
 
 /// The connection string with any password replaced by `***`, for messages.
@@ -1465,6 +1556,67 @@ mod tests {
         url = "postgres://u@localhost/db"
         tables = ["public.orders", "customers"]
     "#;
+
+    #[test]
+    fn a_role_and_a_profile_are_checked_at_load() {
+        let s3 = |extra: &str| {
+            load(
+                &format!("{MINIMAL}\n[destination]\nbucket = \"b\"\n{extra}\n"),
+                &[],
+            )
+        };
+        let err = |extra: &str| s3(extra).unwrap_err().to_string();
+        let role = |c: Config| match c.destination {
+            DestinationConfig::S3(s3) => s3.role,
+            DestinationConfig::File { .. } => unreachable!(),
+        };
+        assert!(role(s3("").unwrap()).is_none());
+        let r = role(s3("role_arn = \"arn:aws:iam::123456789012:role/w\"").unwrap()).unwrap();
+        assert_eq!(r.session_name, "waltail");
+        assert_eq!(r.external_id, None);
+        let r = role(
+            load(
+                &format!("{MINIMAL}\n[destination]\nbucket = \"b\"\n"),
+                &[
+                    (
+                        "WALTAIL_DESTINATION_ROLE_ARN",
+                        "arn:aws-cn:iam::1:role/path/w",
+                    ),
+                    ("WALTAIL_DESTINATION_EXTERNAL_ID", "ext-1"),
+                    ("WALTAIL_DESTINATION_ROLE_SESSION_NAME", "nightly@host"),
+                ],
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                r.arn.as_str(),
+                r.external_id.as_deref(),
+                r.session_name.as_str()
+            ),
+            (
+                "arn:aws-cn:iam::1:role/path/w",
+                Some("ext-1"),
+                "nightly@host"
+            )
+        );
+        assert!(err("role_arn = \"archive-writer\"").contains("give a role's ARN"));
+        assert!(err("external_id = \"x1\"").contains("set destination.role_arn too"));
+        assert!(err("role_session_name = \"s1\"").contains("set destination.role_arn too"));
+        let arn = "role_arn = \"arn:aws:iam::1:role/w\"";
+        assert!(err(&format!("{arn}\nrole_session_name = \"a b\"")).contains("2 to 64"));
+        assert!(err(&format!("{arn}\nexternal_id = \"x\"")).contains("2 to 1224"));
+        assert!(
+            err("profile = \"p\"\naccess_key_id = \"k\"\nsecret_access_key = \"s\"")
+                .contains("keep one")
+        );
+        let file = load(
+            &format!("{MINIMAL}\n[destination]\ntype = \"file\"\nprofile = \"p\"\n"),
+            &[],
+        );
+        assert!(file.unwrap_err().to_string().contains("type = \"s3\" only"));
+    }
 
     #[test]
     fn minimal_config_takes_documented_defaults() {

@@ -7,6 +7,7 @@
 //! re-sent batch leaves exactly the same object.
 
 pub mod codec;
+pub mod credentials;
 pub mod layout;
 
 use std::sync::Arc;
@@ -186,9 +187,9 @@ fn s3_store(
     timeout: Duration,
     retry: RetryConfig,
 ) -> Result<object_store::aws::AmazonS3> {
-    // from_env picks up AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN,
-    // AWS_REGION / AWS_DEFAULT_REGION, AWS_ENDPOINT and the container/instance
-    // credential chain when the file gives no keys.
+    // from_env picks up AWS_REGION / AWS_DEFAULT_REGION and AWS_ENDPOINT;
+    // credentials are the file's static keys, else the AWS chain
+    // (credentials.rs).
     let mut b = AmazonS3Builder::from_env().with_bucket_name(&s3.bucket);
     if let Some(region) = &s3.region {
         b = b.with_region(region);
@@ -199,10 +200,15 @@ fn s3_store(
     if s3.use_path_style {
         b = b.with_virtual_hosted_style_request(false);
     }
-    if let (Some(id), Some(secret)) = (&s3.access_key_id, &s3.secret_access_key) {
-        b = b
-            .with_access_key_id(id)
-            .with_secret_access_key(secret.expose_secret());
+    match credentials::AwsChain::for_destination(s3) {
+        Some(chain) => b = b.with_credentials(Arc::new(chain)),
+        None => {
+            if let (Some(id), Some(secret)) = (&s3.access_key_id, &s3.secret_access_key) {
+                b = b
+                    .with_access_key_id(id)
+                    .with_secret_access_key(secret.expose_secret());
+            }
+        }
     }
     let allow_http = s3
         .endpoint
