@@ -209,6 +209,17 @@ async fn a_role_assumed_through_sts_writes_the_archive() {
     };
     assert!(archived.starts_with("assumerole/"), "{archived}");
     w.stop();
+    // compact and query read and write with the same role.
+    let (status, stdout, stderr) = w.output(&["compact"]);
+    assert!(status.success(), "{stdout}\n{stderr}");
+    let (status, stdout, stderr) = w.output(&[
+        "query",
+        "--format",
+        "csv",
+        "SELECT count(*) AS n, max(v) AS v FROM public.t",
+    ]);
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "n,v\n3,v3", "{stderr}");
     db.drop_db().await;
 }
 
