@@ -67,6 +67,7 @@ pub enum Command {
     },
     /// Rewrite the archive as typed Parquet: every change per table and date,
     /// and a latest-row view per table (incremental, exactly once)
+    #[cfg(feature = "lakehouse")]
     Compact {
         /// Tables to compact, as schema.table [default: every table in the archive]
         #[arg(value_name = "TABLE")]
@@ -89,6 +90,7 @@ pub enum Command {
     #[command(
         after_help = "Examples:\n  waltail query \"SELECT status, count(*) FROM public.orders GROUP BY status\"\n  waltail query --at 2026-11-30T08:00:00Z \"SELECT * FROM orders WHERE id = 7\"\n  waltail query --format json -f report.sql > report.json\n  echo \"SELECT * FROM history.public.orders WHERE date = '2026-11-30'\" | waltail query -"
     )]
+    #[cfg(feature = "lakehouse")]
     Query {
         /// The SQL (one or more statements); `-` reads it from stdin [default:
         /// stdin when it is not a terminal, else a prompt]
@@ -106,6 +108,18 @@ pub enum Command {
         /// history when the compacted ones are newer
         #[arg(long, value_name = "SEQ|TIME")]
         at: Option<crate::query::catalog::At>,
+    },
+    /// Not in this build (built without the `lakehouse` feature)
+    #[cfg(not(feature = "lakehouse"))]
+    Compact {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<String>,
+    },
+    /// Not in this build (built without the `lakehouse` feature)
+    #[cfg(not(feature = "lakehouse"))]
+    Query {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<String>,
     },
     /// Where the pipeline stands: position, lag, rate, parked batches
     Status {
@@ -234,6 +248,7 @@ pub fn main() -> ExitCode {
         keep_freed_memory();
     }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
+    #[cfg(feature = "lakehouse")]
     if matches!(cli.command, Command::Query { .. }) {
         // A query over a local folder reads every file through blocking
         // threads (object_store's LocalFileSystem); left at tokio's 512, a
@@ -275,6 +290,7 @@ pub fn main() -> ExitCode {
                 crate::source::backfill::command::backfill(&config, opts, stop).await
             }
             Command::Status { json } => crate::status::status(&config, json).await,
+            #[cfg(feature = "lakehouse")]
             Command::Compact {
                 tables,
                 dry_run,
@@ -289,6 +305,7 @@ pub fn main() -> ExitCode {
                     .await
                     .map(|()| ExitCode::SUCCESS)
             }
+            #[cfg(feature = "lakehouse")]
             Command::Query {
                 sql,
                 file,
@@ -303,6 +320,11 @@ pub fn main() -> ExitCode {
                 };
                 crate::query::command(&config, &opts).await
             }
+            #[cfg(not(feature = "lakehouse"))]
+            Command::Compact { .. } | Command::Query { .. } => Err(Error::fatal(
+                "compact and query are not in this build of waltail: it was built streaming-only, without the `lakehouse` feature",
+                "install the full build (cargo install --locked --path <the repository>, without --no-default-features)",
+            )),
             Command::Completions { .. } | Command::Man | Command::Config { .. } => {
                 unreachable!("handled before the runtime starts")
             }

@@ -22,6 +22,7 @@ pub mod backoff;
 pub mod batch;
 pub mod checkpoint;
 pub mod cli;
+#[cfg(feature = "lakehouse")]
 pub mod compact;
 pub mod config;
 pub mod console;
@@ -33,6 +34,7 @@ mod fuzzing;
 pub mod lsn;
 pub mod pgtime;
 pub mod pipeline;
+#[cfg(feature = "lakehouse")]
 pub mod query;
 pub mod row_identity;
 pub mod sink;
