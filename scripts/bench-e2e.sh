@@ -32,6 +32,8 @@
 #        BENCH_BIN="old/waltail new/waltail" ROUNDS=3 scripts/bench-e2e.sh  (A/B, alternated)
 #        BACKLOGS=a LAT_SECONDS=0 WORK_MEM=1GB scripts/bench-e2e.sh  (backlog a only, no
 #          latency run, the big transaction kept in the server's memory)
+#        WALTAIL_DESTINATION_COMPRESSION=zstd scripts/bench-e2e.sh  (objects compressed;
+#          the summary's last column is what the folder's objects take)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCALE=${SCALE:-1}
@@ -198,15 +200,18 @@ backlog() {
         'BEGIN { printf "%.2f / %.2f", w * 1000 / n, s * 1000 / n }')
       FOLDER=$work/folder drain_waltail "wtf_${name}_${i}_$r" "e2f_${name}_${i}_$r" "$end"
       local wf_t=$secs wf_pg=$pg_cpu wf_cpu; wf_cpu=$(awk -v w="$wt_cpu" -v n="$objects" 'BEGIN { printf "%.2f", w * 1000 / n }')
+      # What the objects take on disk (their bytes, not the blocks they fill).
+      local stored; stored=$(find "$work/folder" -type f -name '*.ndjson*' -printf '%s\n' |
+        awk -v n="$changes" '{ b += $1 } END { printf "%.1f MB (%.0f B/change)", b / 1e6, b / n }')
       rm -rf "$work/folder"
       local w f; w=$(rate "$changes" "$wt_t"); f=$(rate "$changes" "$wf_t")
       local who=$label; [ "${#bins[@]}" -gt 1 ] && who="$label [bin $((i + 1))]"
       [ "$ROUNDS" -gt 1 ] && who="$who r$r"
-      printf '   %s: waltail %.2f s = %s changes/s (server CPU %s s); CPU per object (%s objects): waltail %s SeaweedFS ms; into a local folder %.2f s = %s changes/s (waltail CPU %s ms/object, server CPU %s s); peak RSS %s\n' \
-        "$who" "$wt_t" "$w" "$w_pg" "$objects" "$per_obj" "$wf_t" "$f" "$wf_cpu" "$wf_pg" "$w_peak"
-      table+=("$(printf '%-38s | %24s | %17s | %5s | %16s | %21s | %5s | %s' "$who" "$c" "$w" \
+      printf '   %s: waltail %.2f s = %s changes/s (server CPU %s s); CPU per object (%s objects): waltail %s SeaweedFS ms; into a local folder %.2f s = %s changes/s (waltail CPU %s ms/object, server CPU %s s), stored %s; peak RSS %s\n' \
+        "$who" "$wt_t" "$w" "$w_pg" "$objects" "$per_obj" "$wf_t" "$f" "$wf_cpu" "$wf_pg" "$stored" "$w_peak"
+      table+=("$(printf '%-38s | %24s | %17s | %5s | %16s | %21s | %5s | %16s | %s' "$who" "$c" "$w" \
         "$(awk -v a="$w" -v b="$c" 'BEGIN { printf "%.2f", a / b }')" "$per_obj" "$f" \
-        "$(awk -v a="$f" -v b="$c" 'BEGIN { printf "%.2f", a / b }')" "$w_peak")")
+        "$(awk -v a="$f" -v b="$c" 'BEGIN { printf "%.2f", a / b }')" "$w_peak" "${stored%% (*}")")
     done
   done
 }
@@ -287,9 +292,9 @@ for r in $(seq "$ROUNDS"); do
 done
 fi
 echo
-echo "== summary (SCALE=$SCALE, $(nproc) cores, $("$PG_BIN/postgres" --version | awk '{print $3}'), logical_decoding_work_mem $WORK_MEM, batch_size ${WALTAIL_DELIVERY_BATCH_SIZE:-100}, max_in_flight ${WALTAIL_DELIVERY_MAX_IN_FLIGHT:-4})"
-printf '%-38s | %24s | %17s | %5s | %16s | %21s | %5s | %s\n' backlog "pg_recvlogical changes/s" "waltail changes/s" ratio \
-  "CPU ms/object w/s" "waltail→folder ch/s" ratio "waltail peak RSS"
+echo "== summary (SCALE=$SCALE, $(nproc) cores, $("$PG_BIN/postgres" --version | awk '{print $3}'), logical_decoding_work_mem $WORK_MEM, batch_size ${WALTAIL_DELIVERY_BATCH_SIZE:-100}, max_in_flight ${WALTAIL_DELIVERY_MAX_IN_FLIGHT:-4}, compression ${WALTAIL_DESTINATION_COMPRESSION:-none})"
+printf '%-38s | %24s | %17s | %5s | %16s | %21s | %5s | %16s | %s\n' backlog "pg_recvlogical changes/s" "waltail changes/s" ratio \
+  "CPU ms/object w/s" "waltail→folder ch/s" ratio "waltail peak RSS" "folder stored"
 for row in "${table[@]}"; do echo "$row"; done
 if [ "$LAT_SECONDS" != 0 ]; then
   echo "latency, commit to object ($LAT_RATE one-row tx/s targeted for $LAT_SECONDS s; folder: file mtime, S3: PUT returned):"
