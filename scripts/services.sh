@@ -13,6 +13,8 @@
 #     pyarrow; tests/readers/delta.py reads Delta tables with them
 #   - moto, an AWS (STS and S3 with IAM checks) that tests/credentials.rs
 #     starts per test (installed if missing, see moto.sh)
+#   - PySpark in local mode (installed if missing, see spark.sh), which
+#     tests/readers/spark.py reads the archive with
 # Usage: eval "$(scripts/services.sh up)"; ...; scripts/services.sh down
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -30,6 +32,7 @@ case "${1:-}" in
     }
     duckdb_python=$("$here/duckdb.sh")
     moto_python=$("$here/moto.sh")
+    spark_python=$("$here/spark.sh")
     cat <<ENV
 export WT_TEST_PG='$pg'
 export WT_TEST_PG_REPLICA='$pg_replica'
@@ -43,6 +46,7 @@ export WT_TEST_S3_ROOT='$base/waltail-s3'
 export WT_TEST_CHROMIUM='$chromium'
 export WT_TEST_DUCKDB_PYTHON='$duckdb_python'
 export WT_TEST_MOTO_PYTHON='$moto_python'
+export WT_TEST_SPARK_PYTHON='$spark_python'
 ENV
     ;;
   down)

@@ -737,8 +737,8 @@ async fn queries_during_a_compaction_answer_right_or_say_to_run_again() {
 /// `destination.compression`: an archive written as gzip, then zstd, then
 /// plain NDJSON (the setting changed between runs) holds `.ndjson.gz`,
 /// `.ndjson.zst` and `.ndjson` objects with the matching Content-Encoding,
-/// which follow the contract once decoded; DuckDB's `read_ndjson_auto`
-/// reads all three from a copy of the archive, and `query` and `compact`
+/// which follow the contract once decoded; DuckDB's `read_ndjson_auto` and
+/// Spark read all three from a copy of the archive, and `query` and `compact`
 /// answer what the tables hold, before and after compaction.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_archive_of_gzip_zstd_and_plain_objects_reads_everywhere() {
@@ -785,6 +785,26 @@ async fn an_archive_of_gzip_zstd_and_plain_objects_reads_everywhere() {
     ));
     let n = changes.len() as i64;
     assert_eq!(rows[0], [json!(n), json!(n), json!(n)]);
+    // So does Spark, decoding each by its name with Hadoop's codecs.
+    let spark = spark_read(&glob);
+    let per_suffix = |suffix: &str| {
+        objects
+            .iter()
+            .filter(|o| o.key.ends_with(suffix))
+            .map(|o| o.body.lines().count())
+            .sum::<usize>()
+    };
+    assert_eq!(
+        spark,
+        json!({
+            "changes": n, "seqs": n, "max_seq": n, "corrupt": 0,
+            "by_suffix": {
+                ".ndjson.gz": per_suffix(".ndjson.gz"),
+                ".ndjson.zst": per_suffix(".ndjson.zst"),
+                ".ndjson": per_suffix(".ndjson"),
+            }
+        })
+    );
 
     for t in [&ORDERS, &CUSTOMERS] {
         assert_query_equals_source(&w, &db, t, "before compaction").await;

@@ -802,6 +802,39 @@ pub fn duckdb_python() -> String {
     python
 }
 
+/// Spark (PySpark, local mode) reading the NDJSON objects at `glob`: what
+/// tests/readers/spark.py prints.
+pub fn spark_read(glob: &Path) -> Value {
+    let python = std::env::var("WT_TEST_SPARK_PYTHON").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/waltail-spark-venv/bin/python",
+            std::env::var("HOME").unwrap()
+        )
+    });
+    assert!(
+        Path::new(&python).exists(),
+        "no PySpark python at {python}: run scripts/spark.sh (scripts/services.sh up does)"
+    );
+    let out = Command::new(python)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/readers/spark.py"))
+        .arg(glob)
+        .env("SPARK_LOCAL_IP", "127.0.0.1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "spark.py {}:\n{}",
+        glob.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    serde_json::from_str(&last).unwrap_or_else(|e| panic!("spark.py printed {last:?}: {e}"))
+}
+
 /// Runs one DuckDB query; its rows as JSON arrays (decimals as strings).
 /// DuckDB's Delta extension is loaded (offline, from its PyPI wheel; see
 /// scripts/duckdb.sh), so the query can read a table with `delta_scan`.
