@@ -270,10 +270,8 @@ pub fn summarize_store_error(err: &object_store::Error) -> String {
     }
 }
 
-/// The fix for a failed request to the destination.
 /// Why no S3 credential could be had (sink::credentials), kept whole so that
-/// the hint can say what to set.
-/// what to set ([`CredentialsFailure::hint`]).
+/// the hint can say what to set ([`CredentialsFailure::hint`]).
 #[derive(Debug)]
 pub struct CredentialsFailure {
     text: String,
@@ -324,6 +322,7 @@ impl CredentialsFailure {
     }
 }
 
+/// The fix for a failed request to the destination.
 pub fn store_hint(err: &object_store::Error) -> Option<String> {
     if let object_store::Error::Unauthenticated { source, .. }
     | object_store::Error::Generic { source, .. } = err

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
-use aws_config::meta::region::RegionProviderChain;
 use aws_config::profile::ProfileFileCredentialsProvider;
+use aws_config::provider_config::ProviderConfig;
 use aws_config::sts::AssumeRoleProvider;
 use aws_config::{BehaviorVersion, Region};
 use aws_credential_types::Credentials;
@@ -25,6 +25,7 @@ use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvid
 use aws_sdk_sts::config::http::HttpResponse;
 use aws_sdk_sts::error::SdkError;
 use aws_sdk_sts::operation::assume_role::AssumeRoleError;
+use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 use object_store::CredentialProvider;
 use object_store::aws::AwsCredential;
 use secrecy::ExposeSecret;
@@ -105,16 +106,22 @@ impl AwsChain {
     async fn provider(&self) -> &SharedCredentialsProvider {
         self.provider
             .get_or_init(|| async {
-                let region =
-                    RegionProviderChain::first_try(self.how.region.clone().map(Region::new))
-                        .or_default_provider()
-                        .or_else(Region::from_static("us-east-1"));
-                let mut loader = aws_config::defaults(BehaviorVersion::latest()).region(region);
+                // Every call the SDK makes (STS, SSO, instance and container
+                // metadata, the region's lookup) goes through this client.
+                let http = aws_smithy_http_client::Builder::new()
+                    .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+                    .build_https();
+                let providers = ProviderConfig::default().with_http_client(http.clone());
+                let mut loader = aws_config::defaults(BehaviorVersion::latest()).http_client(http);
+                if let Some(region) = &self.how.region {
+                    loader = loader.region(Region::new(region.clone()));
+                }
                 if let Some(profile) = &self.how.profile {
                     // Named in the configuration: that profile alone, not
                     // the AWS_* variables before it as in the chain.
                     loader = loader.profile_name(profile).credentials_provider(
                         ProfileFileCredentialsProvider::builder()
+                            .configure(&providers)
                             .profile_name(profile)
                             .build(),
                     );
@@ -128,7 +135,15 @@ impl AwsChain {
                         "destination.access_key_id",
                     ));
                 }
-                let sdk = loader.load().await;
+                let mut sdk = loader.load().await;
+                if sdk.region().is_none() {
+                    // Not configured, nor in AWS_REGION, the profile or the
+                    // instance's metadata: STS's global endpoint region.
+                    sdk = sdk
+                        .into_builder()
+                        .region(Region::from_static("us-east-1"))
+                        .build();
+                }
                 match &self.how.role {
                     Some(role) => {
                         let mut builder = AssumeRoleProvider::builder(&role.arn)
