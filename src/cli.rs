@@ -6,13 +6,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::Error;
+use crate::commands;
 use crate::config::Config;
 use crate::error::Report;
-use crate::pipeline::{self, RunOptions};
-use crate::sink::Sink;
-use crate::source::check::{self, Finding, Status};
+use crate::pipeline::RunOptions;
 use crate::telemetry::{self, LogFormat};
-use crate::{Error, Result};
 
 /// Archive every committed PostgreSQL change to S3 or a local folder as NDJSON.
 #[derive(Debug, Parser)]
@@ -271,25 +270,27 @@ pub fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Check => check(&config).await,
-            Command::Run { recreate_slot } => run(&config, RunOptions { recreate_slot }).await,
+            Command::Check => commands::check::check(&config).await,
+            Command::Run { recreate_slot } => {
+                commands::run::run(&config, RunOptions { recreate_slot }).await
+            }
             Command::Backfill {
                 tables,
                 yes,
                 chunk_size,
                 cancel,
             } => {
-                let opts = crate::source::backfill::command::Options {
+                let opts = commands::backfill::Options {
                     tables,
                     yes,
                     chunk_size,
                     cancel,
                 };
-                let stop = stop_on_signals();
-                serve_telemetry(&config).await?;
-                crate::source::backfill::command::backfill(&config, opts, stop).await
+                let stop = commands::stop_on_signals();
+                commands::serve_telemetry(&config).await?;
+                commands::backfill::backfill(&config, opts, stop).await
             }
-            Command::Status { json } => crate::status::status(&config, json).await,
+            Command::Status { json } => commands::status::status(&config, json).await,
             #[cfg(feature = "lakehouse")]
             Command::Compact {
                 tables,
@@ -301,7 +302,7 @@ pub fn main() -> ExitCode {
                     tables,
                     vacuum,
                 };
-                crate::compact::command(&config, &opts)
+                commands::compact::compact(&config, &opts)
                     .await
                     .map(|()| ExitCode::SUCCESS)
             }
@@ -318,7 +319,7 @@ pub fn main() -> ExitCode {
                     format,
                     at,
                 };
-                crate::query::command(&config, &opts).await
+                commands::query::query(&config, &opts).await
             }
             #[cfg(not(feature = "lakehouse"))]
             Command::Compact { .. } | Command::Query { .. } => Err(Error::fatal(
@@ -328,9 +329,9 @@ pub fn main() -> ExitCode {
             Command::Completions { .. } | Command::Man | Command::Config { .. } => {
                 unreachable!("handled before the runtime starts")
             }
-            Command::Parked(ParkedCommand::List) => crate::delivery::parking::list(&config),
+            Command::Parked(ParkedCommand::List) => commands::parked::list(&config),
             Command::Parked(ParkedCommand::Replay { id, all: _ }) => {
-                crate::delivery::parking::replay(&config, id).await
+                commands::parked::replay(&config, id).await
             }
         }
     });
@@ -361,112 +362,6 @@ fn print_quietly(bytes: &[u8]) -> ExitCode {
         Err(e) => {
             eprintln!("error: cannot write to stdout: {e}");
             ExitCode::FAILURE
-        }
-    }
-}
-
-/// Counts SIGINT/SIGTERM: the first asks for a graceful stop, a second one
-/// for an immediate stop (see [`pipeline::Shutdown`]).
-fn stop_on_signals() -> tokio::sync::watch::Sender<u32> {
-    let (tx, _) = tokio::sync::watch::channel(0u32);
-    let signals = tx.clone();
-    tokio::spawn(async move {
-        let tx = signals;
-        let (Ok(mut term), Ok(mut int)) = (
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()),
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()),
-        ) else {
-            return;
-        };
-        loop {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            tx.send_modify(|n| *n += 1);
-        }
-    });
-    tx
-}
-
-async fn run(config: &Config, opts: RunOptions) -> Result<ExitCode> {
-    let stop = stop_on_signals();
-    serve_telemetry(config).await?;
-    pipeline::run(config, &opts, stop.subscribe()).await?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Serves /metrics, /healthz and /readyz when telemetry.listen is set.
-async fn serve_telemetry(config: &Config) -> Result<()> {
-    if let Some(addr) = config.telemetry_listen {
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-            Error::fatal(
-                format!("cannot listen on {addr} for telemetry: {e}"),
-                "choose a free address in telemetry.listen (WALTAIL_TELEMETRY_LISTEN), or remove it",
-            )
-        })?;
-        // The address bound, not the one asked for: port 0 picks a free one.
-        let addr = listener.local_addr().unwrap_or(addr);
-        tracing::info!(%addr, "serving the console at http://{addr}/, and /metrics, /healthz and /readyz");
-        let console = crate::console::Console::new(config, addr);
-        tokio::spawn(crate::telemetry::serve(listener, console));
-    }
-    Ok(())
-}
-
-async fn check(config: &Config) -> Result<ExitCode> {
-    println!("source       {}", crate::source::describe(&config.source));
-    let mut findings = check::run(&config.source).await;
-    print_findings(&findings);
-    println!("destination  {}", config.destination.describe());
-    let dest = destination_check(config).await;
-    print_findings(std::slice::from_ref(&dest));
-    findings.push(dest);
-    let failed = findings.iter().filter(|f| f.status == Status::Fail).count();
-    if failed == 0 {
-        println!("all checks passed");
-        Ok(ExitCode::SUCCESS)
-    } else {
-        println!("{failed} check(s) failed");
-        Ok(ExitCode::FAILURE)
-    }
-}
-
-async fn destination_check(config: &Config) -> Finding {
-    let result: Result<String> = async {
-        let sink = Sink::new(&config.destination, config.delivery.request_timeout)?;
-        sink.check(&config.pipeline).await
-    }
-    .await;
-    match result {
-        Ok(key) => Finding {
-            status: Status::Pass,
-            name: "write access".into(),
-            detail: format!("wrote {key}"),
-            fix: None,
-        },
-        Err(e) => Finding {
-            status: Status::Fail,
-            name: "write access".into(),
-            detail: Report(&e).to_string(),
-            fix: Some(e.hint().unwrap_or_else(|| {
-                "check the destination settings and that the store is reachable".into()
-            })),
-        },
-    }
-}
-
-fn print_findings(findings: &[Finding]) {
-    for f in findings {
-        let mark = match f.status {
-            Status::Pass => "ok    ",
-            Status::Warn => "WARN  ",
-            Status::Advice => "note  ",
-            Status::Fail => "FAIL  ",
-        };
-        println!("  {mark}{:<26} {}", f.name, f.detail);
-        if let Some(fix) = &f.fix {
-            println!("        {:<26} fix: {fix}", "");
         }
     }
 }

@@ -13,7 +13,10 @@
 //! archive + compacted Parquet --> query (SQL: latest rows, history, raw changes)
 //! ```
 //!
-//! [`pipeline`] wires them and holds the guarantees that span stages: no
+//! [`commands`] (one per command of [`cli`]) drive the pipeline and the
+//! stages; nothing below imports them.
+//!
+//! [`pipeline`] wires the stages and holds the guarantees that span them: no
 //! committed change is lost (the slot is confirmed only past transactions
 //! wholly in the archive) and no seq range is written as two different
 //! objects (batch intents are persisted before each PUT).
@@ -22,6 +25,7 @@ pub mod backoff;
 pub mod batch;
 pub mod checkpoint;
 pub mod cli;
+pub mod commands;
 #[cfg(feature = "lakehouse")]
 pub mod compact;
 pub mod config;
@@ -40,7 +44,6 @@ pub mod row_identity;
 pub mod sink;
 pub mod source;
 pub mod sql;
-pub mod status;
 pub mod telemetry;
 
 pub use error::{Error, Result};

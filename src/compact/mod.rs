@@ -103,23 +103,6 @@ pub struct Summary {
     pub elapsed: Duration,
 }
 
-/// Runs `waltail compact` and prints its plan (dry run) or its summary.
-pub async fn command(config: &Config, opts: &Options) -> Result<()> {
-    let summary = compact(config, opts).await?;
-    if opts.vacuum {
-        println!(
-            "vacuumed {} files of {} tables: replaced more than {} ago, or named by no commit and older than {}",
-            summary.vacuumed,
-            summary.tables.len(),
-            humantime::format_duration(config.compact.retain),
-            humantime::format_duration(config.compact.retain.max(UNNAMED_AFTER)),
-        );
-    } else {
-        print!("{}", render(&summary, opts.dry_run));
-    }
-    Ok(())
-}
-
 /// Compacts what is new in the archive (see the module doc). Runs on
 /// different tables go on side by side; of two on the same table, the
 /// second to commit stops and says so (see [`delta::commit`]).

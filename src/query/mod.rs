@@ -21,7 +21,7 @@ pub mod output;
 pub mod providers;
 pub mod tail;
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -52,43 +52,8 @@ pub struct Options {
     pub at: Option<At>,
 }
 
-/// Runs `waltail query`.
-pub async fn command(config: &Config, opts: &Options) -> Result<ExitCode> {
-    let format = opts.format.unwrap_or(if std::io::stdout().is_terminal() {
-        Format::Table
-    } else {
-        Format::Csv
-    });
-    let sql =
-        match (&opts.file, opts.sql.as_deref()) {
-            (Some(path), _) if path.as_os_str() == "-" => Some(read_stdin()?),
-            (Some(path), _) => Some(std::fs::read_to_string(path).map_err(|e| {
-                Error::io(format!("cannot read the SQL file {}", path.display()), e)
-            })?),
-            (None, Some("-")) => Some(read_stdin()?),
-            (None, Some(sql)) => Some(sql.to_string()),
-            (None, None) if std::io::stdin().is_terminal() => None,
-            (None, None) => Some(read_stdin()?),
-        };
-    let query = Query::new(config, opts.at.clone(), format)?;
-    match sql {
-        Some(sql) => {
-            query.run(&sql).await?;
-            Ok(ExitCode::SUCCESS)
-        }
-        None => query.prompt().await,
-    }
-}
-
-fn read_stdin() -> Result<String> {
-    let mut sql = String::new();
-    std::io::Read::read_to_string(&mut std::io::stdin(), &mut sql)
-        .map_err(|e| Error::io("cannot read the SQL from stdin", e))?;
-    Ok(sql)
-}
-
 /// What every statement of one invocation shares.
-struct Query {
+pub struct Query {
     sink: Sink,
     loc: Location,
     pipeline: String,
@@ -97,7 +62,7 @@ struct Query {
 }
 
 impl Query {
-    fn new(config: &Config, at: Option<At>, format: Format) -> Result<Query> {
+    pub fn new(config: &Config, at: Option<At>, format: Format) -> Result<Query> {
         // Reads retried like compact's: a reset connection does not fail the query.
         let sink = Sink::with_retry(
             &config.destination,
@@ -134,7 +99,8 @@ impl Query {
     }
 
     /// Runs every statement of `sql`, printing each result.
-    async fn run(&self, sql: &str) -> Result<()> {
+    /// Runs the statements of `sql`, printing each result.
+    pub async fn run(&self, sql: &str) -> Result<()> {
         let (ctx, archive) = self.session().await?;
         let located = |e: DataFusionError| sql_error(sql, e);
         let statements = DFParserBuilder::new(sql)
@@ -189,7 +155,7 @@ impl Query {
     }
 
     /// The interactive prompt: statements end with `;`, `\q` or Ctrl-D quits.
-    async fn prompt(&self) -> Result<ExitCode> {
+    pub async fn prompt(&self) -> Result<ExitCode> {
         eprintln!(
             "waltail query: SQL over the archive; end statements with ';', \\q or Ctrl-D quits. Try SHOW TABLES;"
         );

@@ -37,7 +37,6 @@
 //! archives the table's changes. Each insert deletes the rows before it, so
 //! the table stays empty but for the last watermark.
 
-pub mod command;
 pub mod copy;
 pub mod driver;
 

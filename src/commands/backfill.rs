@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::{
-    Estimate, Mark, check_server, configured_table, connect, emit, ensure_watermark_table,
-    estimate, plan, read_chunk,
-};
 use crate::checkpoint::{Backfill, Checkpoint};
 use crate::config::{Config, TableName};
 use crate::pipeline::{self, RunOptions};
 use crate::sink::{Sink, layout};
+use crate::source::backfill::{
+    Estimate, Mark, check_server, configured_table, connect, emit, ensure_watermark_table,
+    estimate, plan, read_chunk,
+};
 use crate::source::catalog::TypeCatalog;
 use crate::{Error, Result};
 
@@ -275,7 +275,7 @@ async fn cancel(config: &Config, state: &mut Checkpoint) -> Result<ExitCode> {
         server,
         &config.pipeline,
         0,
-        super::CANCEL_CHUNK,
+        crate::source::backfill::CANCEL_CHUNK,
         Mark::Abort,
     )
     .await?;
