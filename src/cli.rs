@@ -211,6 +211,17 @@ pub fn main() -> ExitCode {
         Command::Config { schema: true } => {
             return print_quietly(crate::config::schema().as_bytes());
         }
+        // Said before anything else, whatever the configuration.
+        #[cfg(not(feature = "lakehouse"))]
+        Command::Compact { .. } | Command::Query { .. } => {
+            eprintln!(
+                "error: compact and query are not in this build of waltail: it was built streaming-only, without the `lakehouse` feature"
+            );
+            eprintln!(
+                "  fix: install the full build (cargo install --locked --path <the repository> --profile dist, without --no-default-features)"
+            );
+            return ExitCode::FAILURE;
+        }
         Command::Man => {
             let cmd = <Cli as clap::CommandFactory>::command();
             let mut out = Vec::new();
@@ -322,10 +333,9 @@ pub fn main() -> ExitCode {
                 commands::query::query(&config, &opts).await
             }
             #[cfg(not(feature = "lakehouse"))]
-            Command::Compact { .. } | Command::Query { .. } => Err(Error::fatal(
-                "compact and query are not in this build of waltail: it was built streaming-only, without the `lakehouse` feature",
-                "install the full build (cargo install --locked --path <the repository>, without --no-default-features)",
-            )),
+            Command::Compact { .. } | Command::Query { .. } => {
+                unreachable!("handled before the configuration is loaded")
+            }
             Command::Completions { .. } | Command::Man | Command::Config { .. } => {
                 unreachable!("handled before the runtime starts")
             }
