@@ -22,17 +22,12 @@ struct Moto {
 }
 
 fn moto_python() -> String {
-    let python = std::env::var("WT_TEST_MOTO_PYTHON").unwrap_or_else(|_| {
-        format!(
-            "{}/.cache/waltail-moto-venv/bin/python",
-            std::env::var("HOME").unwrap()
-        )
-    });
-    assert!(
-        Path::new(&python).exists(),
-        "no moto python at {python}: run scripts/moto.sh (scripts/services.sh up does)"
-    );
-    python
+    venv_python(
+        "WT_TEST_MOTO_PYTHON",
+        "waltail-moto-venv",
+        "moto",
+        "moto.sh",
+    )
 }
 
 fn fixture() -> PathBuf {
@@ -249,11 +244,7 @@ async fn a_profile_of_the_shared_files_signs_for_the_archive() {
         .set("WALTAIL_DESTINATION_PROFILE", "archive");
     let (status, stdout, stderr) = w.output(&["check"]);
     assert!(status.success(), "{stdout}\n{stderr}");
-    let keys: Vec<String> = s3_objects(&prefix)
-        .await
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
+    let keys: Vec<String> = s3_keys(&prefix).await;
     assert_eq!(keys, vec![format!("{prefix}/.waltail-check")]);
 
     w.set("WALTAIL_DESTINATION_PROFILE", "missing");

@@ -13,8 +13,26 @@ pub mod query;
 pub mod run;
 pub mod status;
 
+use crate::checkpoint::Checkpoint;
 use crate::config::Config;
 use crate::{Error, Result};
+
+/// The pipeline's local state, for the commands that read what `run` left
+/// (`status`, `parked`): they never create one.
+pub fn open_state(config: &Config) -> Result<Checkpoint> {
+    let path = config.state_file();
+    if !path.exists() {
+        return Err(Error::fatal(
+            format!(
+                "pipeline {} has no state at {}",
+                config.pipeline,
+                path.display()
+            ),
+            "run `waltail run` first, or run this from the folder (or with the --config and state_dir) that `waltail run` uses",
+        ));
+    }
+    Checkpoint::open(&path)
+}
 
 /// Counts SIGINT/SIGTERM: the first asks for a graceful stop, a second one
 /// for an immediate stop (see [`crate::pipeline::Shutdown`]).

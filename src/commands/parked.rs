@@ -22,24 +22,9 @@ use crate::{Error, Result};
 /// How long `replay` waits for the running pipeline to deliver.
 const REPLAY_WAIT: Duration = Duration::from_secs(600);
 
-fn open(config: &Config) -> Result<Checkpoint> {
-    let path = config.state_file();
-    if !path.exists() {
-        return Err(Error::fatal(
-            format!(
-                "no state for pipeline {} at {}",
-                config.pipeline,
-                path.display()
-            ),
-            "run this from the folder (or with the config) that `waltail run` uses",
-        ));
-    }
-    Checkpoint::open(&path)
-}
-
 /// Prints the parked and held batches.
 pub fn list(config: &Config) -> Result<ExitCode> {
-    let cp = open(config)?;
+    let cp = super::open_state(config)?;
     let parked = cp.parked()?;
     if parked.is_empty() {
         println!("no parked batches");
@@ -74,7 +59,7 @@ pub fn list(config: &Config) -> Result<ExitCode> {
 
 /// Replays one parked batch (`Some(id)`) or all of them.
 pub async fn replay(config: &Config, id: Option<u64>) -> Result<ExitCode> {
-    let mut cp = open(config)?;
+    let mut cp = super::open_state(config)?;
     let wanted: Vec<u64> = cp
         .parked()?
         .iter()

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use indicatif::HumanBytes;
 use serde_json::{Value, json};
 
-use crate::checkpoint::{Backfill, Checkpoint, ParkStatus};
+use crate::checkpoint::{Backfill, ParkStatus};
 use crate::config::Config;
 use crate::error::Report;
 use crate::lsn;
@@ -22,17 +22,7 @@ const RATE_WINDOW_SECS: i64 = 60;
 /// Gathers the status; prints it as text, or as one JSON object with `json`.
 pub async fn status(config: &Config, json: bool) -> Result<ExitCode> {
     let path = config.state_file();
-    if !path.exists() {
-        return Err(Error::fatal(
-            format!(
-                "pipeline {} has no state at {}",
-                config.pipeline,
-                path.display()
-            ),
-            "run `waltail run` first, or point --config / state_dir at the pipeline's state",
-        ));
-    }
-    let cp = Checkpoint::open(&path)?;
+    let cp = super::open_state(config)?;
     let cursor = cp.cursor()?;
     let parked = cp.parked()?;
     let held = parked

@@ -440,6 +440,15 @@ pub async fn s3_objects(prefix: &str) -> Vec<Object> {
     objects_in(admin_store().as_ref(), prefix).await
 }
 
+/// The keys of the objects under `prefix` in the test bucket, in order.
+pub async fn s3_keys(prefix: &str) -> Vec<String> {
+    s3_objects(prefix)
+        .await
+        .into_iter()
+        .map(|o| o.key)
+        .collect()
+}
+
 /// Every object under `prefix` in `store`, with its content type, by key.
 pub async fn objects_in(store: &dyn ObjectStore, prefix: &str) -> Vec<Object> {
     objects_where(store, prefix, |_| true).await
@@ -787,33 +796,40 @@ pub fn s3_addr() -> std::net::SocketAddr {
         .unwrap()
 }
 
-/// The python of the venv DuckDB is installed in.
-pub fn duckdb_python() -> String {
-    let python = std::env::var("WT_TEST_DUCKDB_PYTHON").unwrap_or_else(|_| {
+/// The python of a reader's venv: `$var` (set by scripts/services.sh up),
+/// else the venv `~/.cache/<venv>` that `scripts/<script>` installs.
+pub fn venv_python(var: &str, venv: &str, what: &str, script: &str) -> String {
+    let python = std::env::var(var).unwrap_or_else(|_| {
         format!(
-            "{}/.cache/waltail-duckdb-venv/bin/python",
+            "{}/.cache/{venv}/bin/python",
             std::env::var("HOME").unwrap()
         )
     });
     assert!(
         Path::new(&python).exists(),
-        "no DuckDB python at {python}: run scripts/duckdb.sh (scripts/services.sh up does)"
+        "no {what} python at {python}: run scripts/{script} (scripts/services.sh up does)"
     );
     python
+}
+
+/// The python of the venv DuckDB is installed in.
+pub fn duckdb_python() -> String {
+    venv_python(
+        "WT_TEST_DUCKDB_PYTHON",
+        "waltail-duckdb-venv",
+        "DuckDB",
+        "duckdb.sh",
+    )
 }
 
 /// Spark (PySpark, local mode) reading the NDJSON objects at `glob`: what
 /// tests/readers/spark.py prints.
 pub fn spark_read(glob: &Path) -> Value {
-    let python = std::env::var("WT_TEST_SPARK_PYTHON").unwrap_or_else(|_| {
-        format!(
-            "{}/.cache/waltail-spark-venv/bin/python",
-            std::env::var("HOME").unwrap()
-        )
-    });
-    assert!(
-        Path::new(&python).exists(),
-        "no PySpark python at {python}: run scripts/spark.sh (scripts/services.sh up does)"
+    let python = venv_python(
+        "WT_TEST_SPARK_PYTHON",
+        "waltail-spark-venv",
+        "PySpark",
+        "spark.sh",
     );
     let out = Command::new(python)
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/readers/spark.py"))
