@@ -297,9 +297,7 @@ pub fn main() -> ExitCode {
                     chunk_size,
                     cancel,
                 };
-                let stop = commands::stop_on_signals();
-                commands::serve_telemetry(&config).await?;
-                commands::backfill::backfill(&config, opts, stop).await
+                commands::backfill::backfill(&config, opts).await
             }
             Command::Status { json } => commands::status::status(&config, json).await,
             #[cfg(feature = "lakehouse")]

@@ -433,8 +433,8 @@ impl fmt::Display for Report<'_> {
 mod tests {
     use super::*;
 
-    /// A store answering 400 to a PUT (here a socket that answers every
-    /// request so, like S3 to a body over its limit): the batch is parked,
+    /// A store answering 400 to a PUT, as S3 does to a body over its limit
+    /// (here a socket that answers every request so): the batch is parked,
     /// not retried for ever, and the account names the S3 code.
     #[tokio::test]
     async fn a_400_from_a_real_server_is_a_client_error() {

@@ -42,11 +42,10 @@ pub struct Options {
     pub cancel: bool,
 }
 
-pub async fn backfill(
-    config: &Config,
-    opts: Options,
-    stop: tokio::sync::watch::Sender<u32>,
-) -> Result<ExitCode> {
+pub async fn backfill(config: &Config, opts: Options) -> Result<ExitCode> {
+    // As `run`: the pipeline may run here, so signals and telemetry too.
+    let stop = super::stop_on_signals();
+    super::serve_telemetry(config).await?;
     let mut state = Checkpoint::open(&config.state_file())?;
     if opts.cancel {
         return cancel(config, &mut state).await;
