@@ -152,7 +152,7 @@ impl Passed {
 
 /// Writes a watermark into the WAL, in its own transaction: a logical
 /// message, or on an older server a row of [`WATERMARK_TABLE`] (the rows
-/// before it deleted in the same statement).
+/// before it deleted in the same transaction).
 pub async fn emit(
     client: &Client,
     server: Server,
@@ -176,15 +176,19 @@ pub async fn emit(
             )
             .await
     } else {
+        // One transaction (a simple query's statements share one): the
+        // lock makes the parallel readers' watermarks take turns, so each
+        // deletes the one before it and the table keeps only the last. Two
+        // at once would each delete the old row and leave both new ones.
         let table = watermark_table();
         client
-            .execute(
-                &format!(
-                    "WITH gone AS (DELETE FROM {table}) INSERT INTO {table} (content) VALUES ($1)"
-                ),
-                &[&content],
-            )
+            .batch_execute(&format!(
+                "LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE; \
+                 WITH gone AS (DELETE FROM {table}) INSERT INTO {table} (content) VALUES ({})",
+                crate::sql::quote_literal(&content)
+            ))
             .await
+            .map(|()| 0)
     };
     written.map_err(|e| Error::postgres("writing a backfill watermark", e))?;
     Ok(())
