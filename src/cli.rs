@@ -107,6 +107,11 @@ pub enum Command {
         /// history when the compacted ones are newer
         #[arg(long, value_name = "SEQ|TIME")]
         at: Option<crate::query::catalog::At>,
+        /// Print each statement's time on stderr, split into the snapshot of
+        /// the archive, planning and running (at the prompt, `\timing`
+        /// turns it on and off)
+        #[arg(long)]
+        timing: bool,
     },
     /// Not in this build (built without the `lakehouse` feature)
     #[cfg(not(feature = "lakehouse"))]
@@ -321,12 +326,14 @@ pub fn main() -> ExitCode {
                 file,
                 format,
                 at,
+                timing,
             } => {
                 let opts = crate::query::Options {
                     sql,
                     file,
                     format,
                     at,
+                    timing,
                 };
                 commands::query::query(&config, &opts).await
             }

@@ -27,7 +27,7 @@ pub async fn query(config: &Config, opts: &Options) -> Result<ExitCode> {
             (None, None) if std::io::stdin().is_terminal() => None,
             (None, None) => Some(read_stdin()?),
         };
-    let query = Query::new(config, opts.at.clone(), format)?;
+    let query = Query::new(config, opts.at.clone(), format, opts.timing)?;
     match sql {
         Some(sql) => {
             query.run(&sql).await?;

@@ -202,7 +202,7 @@ pub struct Column {
 }
 
 /// A table's compacted shape: the union of its recorded shapes.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableShape {
     /// `schema.table` as the archive names it.
     pub table: String,

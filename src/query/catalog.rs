@@ -137,6 +137,17 @@ impl Archive {
         })
     }
 
+    /// Whether `other` sees the same archive: the same tables and shapes,
+    /// compacted files and objects, at the same point. (Objects and
+    /// compacted files are never rewritten under their names.)
+    pub fn same_snapshot(&self, other: &Archive) -> bool {
+        self.prefix == other.prefix
+            && self.max_seq == other.max_seq
+            && self.shapes == other.shapes
+            && self.compacted == other.compacted
+            && self.objects == other.objects
+    }
+
     /// Every NDJSON object, compacted or not (`waltail.changes`): listed
     /// when first needed if the snapshot listed only the recent ones.
     pub async fn every_object(&self) -> Result<Arc<Vec<Object>>> {

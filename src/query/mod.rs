@@ -13,7 +13,11 @@
 //! ```
 //!
 //! Every statement takes its own snapshot, so at the prompt each statement
-//! sees the archive as it is when it runs.
+//! sees the archive as it is when it runs. The prompt keeps one DataFusion
+//! session: while the snapshot is the same as the last statement's, the
+//! tables built for it (the uncompacted changes parsed and merged over the
+//! compacted view) and the Parquet footers read stay, so a statement
+//! repeated at the prompt costs its snapshot and its scan, not the build.
 
 pub mod catalog;
 pub mod merge;
@@ -25,6 +29,8 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use datafusion::error::DataFusionError;
 use datafusion::execution::object_store::ObjectStoreUrl;
@@ -50,6 +56,8 @@ pub struct Options {
     /// Table on a terminal, CSV otherwise, when not given.
     pub format: Option<Format>,
     pub at: Option<At>,
+    /// Each statement's time on stderr, by phase.
+    pub timing: bool,
 }
 
 /// What every statement of one invocation shares.
@@ -59,10 +67,25 @@ pub struct Query {
     pipeline: String,
     at: Option<At>,
     format: Format,
+    /// Print each statement's time (`--timing`, `\timing` at the prompt).
+    timing: AtomicBool,
+    /// The session of every statement and the snapshot its tables were
+    /// built from (see the module doc).
+    session: tokio::sync::Mutex<Option<(SessionContext, Arc<Archive>)>>,
+}
+
+/// Where a statement's time went, for `--timing`.
+#[derive(Debug, Default)]
+struct Phases {
+    snapshot: Duration,
+    plan: Duration,
+    run: Duration,
+    /// The snapshot was the last statement's: its tables were reused.
+    reused: bool,
 }
 
 impl Query {
-    pub fn new(config: &Config, at: Option<At>, format: Format) -> Result<Query> {
+    pub fn new(config: &Config, at: Option<At>, format: Format, timing: bool) -> Result<Query> {
         // Reads retried like compact's: a reset connection does not fail the query.
         let sink = Sink::with_retry(
             &config.destination,
@@ -75,11 +98,16 @@ impl Query {
             pipeline: config.pipeline.clone(),
             at,
             format,
+            timing: AtomicBool::new(timing),
+            session: tokio::sync::Mutex::new(None),
         })
     }
 
-    /// A session over a fresh snapshot of the archive.
-    async fn session(&self) -> Result<(SessionContext, Arc<Archive>)> {
+    /// The session over a fresh snapshot of the archive: the last
+    /// statement's when the snapshot is the same (with the tables already
+    /// built), else the same session with the new snapshot's tables.
+    async fn session(&self, phases: &mut Phases) -> Result<(SessionContext, Arc<Archive>)> {
+        let started = Instant::now();
         let archive = Archive::load(
             Arc::clone(self.sink.store()),
             &self.loc,
@@ -94,14 +122,41 @@ impl Query {
                 t.to_rfc3339()
             );
         }
-        let archive = Arc::new(archive);
-        Ok((session(Arc::clone(&archive))?, archive))
+        let mut kept = self.session.lock().await;
+        let reused = match kept.as_ref() {
+            Some((ctx, last)) if last.same_snapshot(&archive) => {
+                Some((ctx.clone(), Arc::clone(last)))
+            }
+            _ => None,
+        };
+        let (ctx, archive) = match reused {
+            Some(both) => {
+                phases.reused = true;
+                both
+            }
+            None => {
+                let archive = Arc::new(archive);
+                let ctx = match kept.take() {
+                    Some((ctx, _)) => {
+                        providers::register(&ctx, Arc::clone(&archive))
+                            .map_err(|e| sql_error("", e))?;
+                        ctx
+                    }
+                    None => session(Arc::clone(&archive))?,
+                };
+                (ctx, archive)
+            }
+        };
+        *kept = Some((ctx.clone(), Arc::clone(&archive)));
+        phases.snapshot = started.elapsed();
+        Ok((ctx, archive))
     }
 
-    /// Runs every statement of `sql`, printing each result.
     /// Runs the statements of `sql`, printing each result.
     pub async fn run(&self, sql: &str) -> Result<()> {
-        let (ctx, archive) = self.session().await?;
+        let started = Instant::now();
+        let mut phases = Phases::default();
+        let (ctx, archive) = self.session(&mut phases).await?;
         let located = |e: DataFusionError| sql_error(sql, e);
         let statements = DFParserBuilder::new(sql)
             .with_dialect(&GenericDialect {})
@@ -118,14 +173,18 @@ impl Query {
         // Ok(true): the reader closed the pipe.
         let ran: Result<bool> = async {
             for (i, statement) in statements.into_iter().enumerate() {
+                let planning = Instant::now();
                 let state = ctx.state();
                 let plan = state.statement_to_plan(statement).await.map_err(located)?;
                 options.verify_plan(&plan).map_err(located)?;
                 let frame = ctx.execute_logical_plan(plan).await.map_err(located)?;
+                phases.plan += planning.elapsed();
+                let running = Instant::now();
                 let stream = frame.execute_stream().await.map_err(located)?;
                 // A statement without columns (SET) prints nothing, not even a separator.
                 let printed = !stream.schema().fields().is_empty();
                 let (written, _) = output::write(&mut out, self.format, stream, located).await?;
+                phases.run += running.elapsed();
                 if written == Written::Closed {
                     return Ok(true);
                 }
@@ -141,6 +200,20 @@ impl Query {
         }
         .await;
         drop(out);
+        if self.timing.load(Ordering::Relaxed) {
+            eprintln!(
+                "Time: {:.1} ms (snapshot {:.1} ms{}, plan {:.1} ms, run {:.1} ms)",
+                ms(started.elapsed()),
+                ms(phases.snapshot),
+                if phases.reused {
+                    ", unchanged: tables kept"
+                } else {
+                    ""
+                },
+                ms(phases.plan),
+                ms(phases.run),
+            );
+        }
         match ran {
             Ok(true) => Ok(()),
             Ok(false) => Ok(()),
@@ -157,7 +230,7 @@ impl Query {
     /// The interactive prompt: statements end with `;`, `\q` or Ctrl-D quits.
     pub async fn prompt(&self) -> Result<ExitCode> {
         eprintln!(
-            "waltail query: SQL over the archive; end statements with ';', \\q or Ctrl-D quits. Try SHOW TABLES;"
+            "waltail query: SQL over the archive; end statements with ';', \\timing times them, \\q or Ctrl-D quits. Try SHOW TABLES;"
         );
         let stdin = std::io::stdin();
         let mut buffer = String::new();
@@ -183,6 +256,11 @@ impl Query {
             if buffer.is_empty() && matches!(line.trim(), "\\q" | "quit" | "exit") {
                 return Ok(ExitCode::SUCCESS);
             }
+            if buffer.is_empty() && line.trim() == "\\timing" {
+                let on = !self.timing.fetch_xor(true, Ordering::Relaxed);
+                eprintln!("timing is {}", if on { "on" } else { "off" });
+                continue;
+            }
             buffer.push_str(&line);
             if !buffer.trim_end().ends_with(';') {
                 continue;
@@ -196,6 +274,10 @@ impl Query {
             }
         }
     }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
 /// A session with the archive's tables, reading through the destination's store.
