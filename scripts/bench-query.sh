@@ -158,7 +158,8 @@ best_pair() {
     for who in "${order[@]}"; do
       s=$(date +%s.%N)
       if [ "$who" = ours ]; then
-        "$bin" query --format csv "$1" >"$work/out" 2>"$work/err" || { cat "$work/err" >&2; return 1; }
+        # shellcheck disable=SC2086 # QUERY_ARGS: extra words (--at N) or none
+        "$bin" query ${QUERY_ARGS:-} --format csv "$1" >"$work/out" 2>"$work/err" || { cat "$work/err" >&2; return 1; }
       else
         "$duckdb_cli" -init /dev/null -csv -c "$2" >"$work/cli" 2>"$work/err" || { cat "$work/err" >&2; return 1; }
       fi
@@ -216,6 +217,92 @@ for q in "${queries[@]}"; do
   awk -v s="$dl_s" -v r="$rows" 'BEGIN { printf "%-14s %-30s %10.3f %14.0f\n", "", "duckdb, query alone (warm)", s, r / s }'
   awk -v s="$dh_s" -v r="$history" 'BEGIN { printf "%-14s %-30s %10.3f %14.0f  (history rows/s)\n", "", "duckdb, window over history", s, r / s }'
   awk -v a="$wt_s" -v p="$dc_s" -v b="$dl_s" -v c="$dh_s" 'BEGIN { printf "%-14s %-30s waltail takes %.2fx the DuckDB shell'"'"'s time (process to process), %.2fx DuckDB'"'"'s warm query alone, %.2fx DuckDB-history\n", "", "ratio", a / p, a / b, a / c }'
+done
+
+# 4b. Analytic work over the history and the latest view: each query as a
+# whole `waltail query` process against DuckDB's shell over the same
+# Parquet (the latest view's files; the history's, with `date` from the
+# Hive-style folders), alternating, answers checked equal.
+#   name | waltail arguments before the SQL | waltail SQL | DuckDB SQL
+# (LATEST and HIST stand for DuckDB's read of the latest and history files.)
+mid=$((CHANGES / 2))
+analytic=(
+  "by-day-and-op||SELECT date, _op, count(*) FROM history.public.bench GROUP BY date, _op ORDER BY date, _op|SELECT date, _op, count(*) FROM HIST GROUP BY date, _op ORDER BY date, _op"
+  "busiest-keys||SELECT id, count(*) AS n FROM history.public.bench WHERE id IS NOT NULL GROUP BY id ORDER BY n DESC, id LIMIT 10|SELECT id, count(*) AS n FROM HIST WHERE id IS NOT NULL GROUP BY id ORDER BY n DESC, id LIMIT 10"
+  "versions-window||SELECT count(*), sum(gap), max(gap) FROM (SELECT _seq - lag(_seq) OVER (PARTITION BY _key ORDER BY _seq) AS gap FROM history.public.bench) t WHERE gap IS NOT NULL|SELECT count(*), sum(gap), max(gap) FROM (SELECT _seq - lag(_seq) OVER (PARTITION BY _key ORDER BY _seq) AS gap FROM HIST) t WHERE gap IS NOT NULL"
+  "latest-join-history||SELECT l.status, count(*), sum(h.amount) FROM public.bench l JOIN history.public.bench h ON h.id = l.id WHERE h._op = 'update' AND l.account < 200 GROUP BY l.status ORDER BY l.status|SELECT l.status, count(*), sum(h.amount) FROM LATEST l JOIN HIST h ON h.id = l.id WHERE h._op = 'update' AND l.account < 200 GROUP BY l.status ORDER BY l.status"
+  "at-a-seq|--at $mid|SELECT count(*), sum(amount) FROM public.bench|SELECT count(*), sum(amount) FROM (SELECT amount, _op, row_number() OVER (PARTITION BY _key ORDER BY _seq DESC) AS rn FROM HIST WHERE _seq <= $mid) t WHERE rn = 1 AND _op <> 'delete'"
+  "time-range||SELECT count(*), min(id), max(id) FROM public.bench WHERE updated_at >= '2026-11-03T00:00:00Z' AND updated_at < '2026-11-03T06:00:00Z'|SELECT count(*), min(id), max(id) FROM LATEST WHERE updated_at >= TIMESTAMPTZ '2026-11-03 00:00:00+00' AND updated_at < TIMESTAMPTZ '2026-11-03 06:00:00+00'"
+  "like||SELECT count(*) FROM public.bench WHERE note LIKE 'note 12%'|SELECT count(*) FROM LATEST WHERE note LIKE 'note 12%'"
+  "top-k||SELECT id, amount FROM public.bench ORDER BY amount DESC, id LIMIT 10|SELECT id, amount FROM LATEST ORDER BY amount DESC, id LIMIT 10"
+)
+echo
+printf '%-20s %10s %10s %7s\n' "analytic query" "waltail s" "duckdb s" "ratio"
+worst=0
+for q in "${analytic[@]}"; do
+  IFS='|' read -r name args ours theirs <<<"$q"
+  theirs=${theirs//LATEST/read_parquet($latest)}
+  theirs=${theirs//HIST/read_parquet($hist, hive_partitioning = true)}
+  pair=$(QUERY_ARGS="$args" best_pair "$ours" "$theirs")
+  read -r wt_s dc_s <<<"$pair"
+  tail -n +2 "$work/out" | sed 's/\.00\b//g; s/"//g' >"$work/ours"
+  tail -n +2 "$work/cli" | sed 's/\.00\b//g; s/"//g' >"$work/theirs"
+  if ! cmp -s "$work/ours" "$work/theirs"; then
+    echo "answers differ for $name (DuckDB's shell):" >&2; diff "$work/ours" "$work/theirs" >&2 || true; exit 1
+  fi
+  [ -s "$work/ours" ] || { echo "$name: no rows" >&2; exit 1; }
+  awk -v n="$name" -v a="$wt_s" -v b="$dc_s" 'BEGIN { printf "%-20s %10.3f %10.3f %7.2f\n", n, a, b, a / b }'
+  worst=$(awk -v w="$worst" -v a="$wt_s" -v b="$dc_s" 'BEGIN { r = a / b; print (r > w) ? r : w }')
+done
+echo "analytic queries: waltail takes at most ${worst}x the DuckDB shell's time (process to process)"
+
+# 4c. The prompt: `waltail query` on a terminal (a pseudo-terminal here)
+# with `\timing` on runs each statement $RUNS+1 times; the first builds the
+# tables, the repeats reuse them while the archive is unchanged. Best
+# repeat against DuckDB's warm query alone.
+prompt_best() {
+  "$python" - "$bin" "$1" "$RUNS" <<'PY'
+import os, pty, re, select, sys, time
+binary, sql, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(binary, [binary, "query", "--format", "csv"])
+out = b""
+def wait_for(pattern, count):
+    global out
+    deadline = time.time() + 600
+    while len(re.findall(pattern, out)) < count:
+        if time.time() > deadline:
+            sys.exit("the prompt did not answer: " + out.decode(errors="replace")[-2000:])
+        r, _, _ = select.select([fd], [], [], 1)
+        if r:
+            try:
+                out += os.read(fd, 65536)
+            except OSError:
+                sys.exit("the prompt ended: " + out.decode(errors="replace")[-2000:])
+wait_for(rb"waltail> ", 1)
+os.write(fd, b"\\timing\n")
+wait_for(rb"timing is on", 1)
+for i in range(runs + 1):
+    os.write(fd, sql.encode() + b";\n")
+    wait_for(rb"Time: [0-9.]+ ms", i + 1)
+os.write(fd, b"\\q\n")
+os.waitpid(pid, 0)
+times = [float(t) / 1000 for t in re.findall(rb"Time: ([0-9.]+) ms", out)]
+kept = out.count(b"tables kept")
+if kept < runs:
+    sys.exit(f"only {kept} of {runs} repeats kept their tables: " + out.decode(errors="replace")[-2000:])
+print(times[0], min(times[1:]))
+PY
+}
+echo
+printf '%-14s %12s %12s %12s %7s\n' "at the prompt" "first s" "repeat s" "duckdb warm" "ratio"
+for q in "${queries[@]}"; do
+  name=${q%%|*}
+  sql=${q#*|}
+  read -r first repeat <<<"$(prompt_best "${sql//TABLE/public.bench}")"
+  warm=$(duck "${sql//TABLE/read_parquet($latest)}")
+  awk -v n="$name" -v f="$first" -v r="$repeat" -v w="$warm" 'BEGIN { printf "%-14s %12.4f %12.4f %12.4f %7.2f\n", n, f, r, w, r / w }'
 done
 
 # What the latest view saves a user from: the rows whose `note` the naive

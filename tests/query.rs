@@ -823,3 +823,127 @@ async fn an_archive_of_gzip_zstd_and_plain_objects_reads_everywhere() {
     );
     db.drop_db().await;
 }
+
+/// A hand-written archive object of `public.t (id bigint key, n integer)`:
+/// an insert of (seq, seq * 10) for each seq.
+fn write_inserts(root: &std::path::Path, seqs: std::ops::RangeInclusive<u64>) {
+    let day = root.join("2026/12/04");
+    std::fs::create_dir_all(&day).unwrap();
+    let body: String = seqs
+        .clone()
+        .map(|seq| {
+            json!({"op": "insert", "table": "public.t", "data": {"id": seq, "n": seq * 10},
+                   "old": null, "seq": seq, "idempotency_key": format!("k{seq}"),
+                   "commit_lsn": format!("0/{:X}", seq * 8)})
+            .to_string()
+                + "\n"
+        })
+        .collect();
+    let name = format!("p-{}-{}.ndjson", seqs.start(), seqs.end());
+    std::fs::write(day.join(name), body).unwrap();
+}
+
+/// The prompt (on a terminal: `script` gives it one) keeps the tables it
+/// built while the archive is unchanged, and a statement after a new
+/// object arrived sees it; `\timing` prints each statement's phases.
+#[test]
+fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_changes() {
+    let root = tempfile::tempdir().unwrap();
+    let schema = json!({"table": "public.t", "version": 1, "replica_identity": "default", "columns": [
+        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
+        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false}]});
+    let dir = root.path().join("_schemas/public.t");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("1.json"), schema.to_string()).unwrap();
+    write_inserts(root.path(), 1..=2);
+    let mut child = Command::new("script")
+        .args([
+            "-qfec",
+            &format!("{} query --format csv", bin()),
+            "/dev/null",
+        ])
+        .env("WALTAIL_PIPELINE", "p")
+        .env("WALTAIL_SOURCE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .env("WALTAIL_SOURCE_TABLES", "public.t")
+        .env("WALTAIL_DESTINATION_TYPE", "file")
+        .env("WALTAIL_DESTINATION_PATH", root.path())
+        .env("WALTAIL_STATE_DIR", root.path().join("state"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("script (util-linux) runs the prompt on a terminal");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = {
+        let seen = std::sync::Arc::clone(&seen);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                seen.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    let mut stdin = child.stdin.take().unwrap();
+    let mut say = |line: &str| {
+        std::io::Write::write_all(&mut stdin, format!("{line}\n").as_bytes()).unwrap();
+    };
+    // The text after the prompt's `count` "Time:" line, once it is there.
+    let wait_for = |what: &str, count: usize| -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = seen.lock().unwrap().clone();
+            if text.matches(what).count() >= count {
+                return text;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {count}x {what:?} from the prompt:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let times = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("Time: "))
+            .map(str::to_string)
+            .collect()
+    };
+    wait_for("waltail> ", 1);
+    say("\\timing");
+    wait_for("timing is on", 1);
+    say("SELECT count(*) AS rows, sum(n) AS total FROM public.t;");
+    let text = wait_for("Time: ", 1);
+    assert!(text.contains("rows,total\r\n2,30\r\n"), "{text}");
+    say("SELECT count(*) AS rows, sum(n) AS total FROM public.t;");
+    let text = wait_for("Time: ", 2);
+    let t = times(&text);
+    assert!(!t[0].contains("tables kept"), "{t:?}");
+    assert!(
+        t[1].contains("unchanged: tables kept") && t[1].contains("plan ") && t[1].contains("run "),
+        "{t:?}"
+    );
+    // A new object: the next statement takes a new snapshot and sees it.
+    write_inserts(root.path(), 3..=3);
+    say("SELECT count(*) AS rows, sum(n) AS total FROM public.t;");
+    let text = wait_for("Time: ", 3);
+    assert!(text.contains("rows,total\r\n3,60\r\n"), "{text}");
+    assert!(!times(&text)[2].contains("tables kept"), "{text}");
+    // Settings made at the prompt stay for the statements after them.
+    say("SET datafusion.execution.batch_size = 1234;");
+    wait_for("Time: ", 4);
+    say(
+        "SELECT value FROM information_schema.df_settings WHERE name = 'datafusion.execution.batch_size';",
+    );
+    let text = wait_for("Time: ", 5);
+    assert!(text.contains("value\r\n1234\r\n"), "{text}");
+    say("\\q");
+    drop(stdin);
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    assert!(status.success(), "{}", seen.lock().unwrap());
+}

@@ -95,7 +95,9 @@ impl Archive {
         pipeline: &str,
         at: Option<&At>,
     ) -> Result<Archive> {
+        let started = std::time::Instant::now();
         let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
+        let read_schemas = started.elapsed();
         let shapes: BTreeMap<String, Arc<TableShape>> = schemas
             .iter()
             .map(|(table, records)| {
@@ -109,6 +111,7 @@ impl Archive {
         // columns are among the records the run read.
         let compacted =
             compacted::entries(loc, pipeline, prefix, shapes.values().map(|s| s.as_ref())).await?;
+        let read_logs = started.elapsed();
         // A time is placed among every object's write time; otherwise the
         // tables' tails need the objects from where compaction stopped.
         let resume = match at {
@@ -116,6 +119,13 @@ impl Archive {
             _ => Resume::for_tables(&compacted, shapes.keys()),
         };
         let objects = list(store.as_ref(), prefix, pipeline, resume.as_ref()).await?;
+        tracing::debug!(
+            schemas_ms = read_schemas.as_secs_f64() * 1e3,
+            delta_logs_ms = (read_logs - read_schemas).as_secs_f64() * 1e3,
+            listing_ms = (started.elapsed() - read_logs).as_secs_f64() * 1e3,
+            objects = objects.len(),
+            "snapshot of the archive taken"
+        );
         let every = tokio::sync::OnceCell::new();
         if resume.is_none() {
             let _ = every.set(Arc::new(objects.clone()));
