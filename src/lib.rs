@@ -35,6 +35,7 @@ pub mod envelope;
 pub mod error;
 #[cfg(test)]
 mod fuzzing;
+pub mod http;
 pub mod lsn;
 pub mod pgtime;
 pub mod pipeline;

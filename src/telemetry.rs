@@ -1,9 +1,8 @@
 //! What an operator sees of a running pipeline: logs through `tracing`
 //! (human-readable on stderr by default, JSON lines with `--log-format json`;
 //! the filter comes from `WALTAIL_LOG`, e.g. `debug`, `waltail=debug`,
-//! default `info`), the process's metrics, the slot-lag warning, and the
-//! HTTP server on `telemetry.listen` (`/metrics`, `/healthz`, `/readyz`, and
-//! the console, see [`crate::console`]).
+//! default `info`), the process's metrics and the slot-lag warning. The
+//! HTTP server that shows them is [`crate::http`].
 
 use tracing_subscriber::EnvFilter;
 
@@ -35,18 +34,9 @@ pub fn init_logging(format: LogFormat, default: &str) {
 
 // ---- metrics ----
 
-use std::convert::Infallible;
 use std::fmt::Write as _;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
-
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::{Request, Response, StatusCode};
-
-use crate::console::Console;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const BUCKETS: [f64; 13] = [
@@ -203,58 +193,6 @@ impl Metrics {
             "From a batch's first commit to its object being written.",
         );
         out
-    }
-}
-
-/// Answers the probes and metrics here; everything else is the console's.
-async fn answer(
-    req: Request<hyper::body::Incoming>,
-    console: &Console,
-    peer: SocketAddr,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let (status, body) = match req.uri().path() {
-        "/metrics" => (StatusCode::OK, METRICS.render()),
-        "/healthz" => (StatusCode::OK, "ok\n".to_string()),
-        "/readyz" if METRICS.ready.load(Relaxed) => (StatusCode::OK, "ready\n".to_string()),
-        "/readyz" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not streaming\n".to_string(),
-        ),
-        _ => return Ok(console.answer(req, peer).await),
-    };
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
-    *resp.status_mut() = status;
-    let content_type = if req.uri().path() == "/metrics" {
-        "text/plain; version=0.0.4"
-    } else {
-        "text/plain"
-    };
-    resp.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static(content_type),
-    );
-    Ok(resp)
-}
-
-/// Serves `/metrics`, `/healthz`, `/readyz` and the console on `listener`
-/// until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, console: Console) {
-    let console = Arc::new(console);
-    loop {
-        let Ok((stream, peer)) = listener.accept().await else {
-            continue;
-        };
-        let console = console.clone();
-        tokio::spawn(async move {
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let service = hyper::service::service_fn(move |req| {
-                let console = console.clone();
-                async move { answer(req, &console, peer).await }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await;
-        });
     }
 }
 

@@ -72,7 +72,7 @@ pub async fn serve_telemetry(config: &Config) -> Result<()> {
         let addr = listener.local_addr().unwrap_or(addr);
         tracing::info!(%addr, "serving the console at http://{addr}/, and /metrics, /healthz and /readyz");
         let console = crate::console::Console::new(config, addr);
-        tokio::spawn(crate::telemetry::serve(listener, console));
+        tokio::spawn(crate::http::serve(listener, console));
     }
     Ok(())
 }
