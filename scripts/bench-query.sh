@@ -285,7 +285,7 @@ os.write(fd, b"\\timing\n")
 wait_for(rb"timing is on", 1)
 for i in range(runs + 1):
     os.write(fd, sql.encode() + b";\n")
-    wait_for(rb"Time: [0-9.]+ ms", i + 1)
+    wait_for(rb"Time: [0-9.]+ ms \([^)]*\)", i + 1)
 os.write(fd, b"\\q\n")
 os.waitpid(pid, 0)
 times = [float(t) / 1000 for t in re.findall(rb"Time: ([0-9.]+) ms", out)]
@@ -300,7 +300,8 @@ printf '%-14s %12s %12s %12s %7s\n' "at the prompt" "first s" "repeat s" "duckdb
 for q in "${queries[@]}"; do
   name=${q%%|*}
   sql=${q#*|}
-  read -r first repeat <<<"$(prompt_best "${sql//TABLE/public.bench}")"
+  times=$(prompt_best "${sql//TABLE/public.bench}") || exit 1
+  read -r first repeat <<<"$times"
   warm=$(duck "${sql//TABLE/read_parquet($latest)}")
   awk -v n="$name" -v f="$first" -v r="$repeat" -v w="$warm" 'BEGIN { printf "%-14s %12.4f %12.4f %12.4f %7.2f\n", n, f, r, w, r / w }'
 done

@@ -85,7 +85,8 @@ pub enum Command {
     /// every version with `_op`, `_seq`, `_lsn`, `_key`, `_old`, `_unchanged`
     /// and `date`, and `waltail.changes` the raw envelopes (op, table, data,
     /// old, seq, idempotency_key, commit_lsn, date). With no SQL on a terminal,
-    /// a prompt: statements end with `;`, `\q` or Ctrl-D quits.
+    /// a prompt: statements end with `;`, `\timing` times them, `\q` or Ctrl-D
+    /// quits; it keeps the tables it built while the archive is unchanged.
     #[command(
         after_help = "Examples:\n  waltail query \"SELECT status, count(*) FROM public.orders GROUP BY status\"\n  waltail query --at 2026-11-30T08:00:00Z \"SELECT * FROM orders WHERE id = 7\"\n  waltail query --format json -f report.sql > report.json\n  echo \"SELECT * FROM history.public.orders WHERE date = '2026-11-30'\" | waltail query -"
     )]

@@ -856,18 +856,24 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("1.json"), schema.to_string()).unwrap();
     write_inserts(root.path(), 1..=2);
+    let env = [
+        ("WALTAIL_PIPELINE", "p".into()),
+        (
+            "WALTAIL_SOURCE_URL",
+            "postgres://nobody@127.0.0.1:1/none".into(),
+        ),
+        ("WALTAIL_SOURCE_TABLES", "public.t".into()),
+        ("WALTAIL_DESTINATION_TYPE", "file".into()),
+        ("WALTAIL_DESTINATION_PATH", root.path().to_path_buf()),
+        ("WALTAIL_STATE_DIR", root.path().join("state")),
+    ];
     let mut child = Command::new("script")
         .args([
             "-qfec",
             &format!("{} query --format csv", bin()),
             "/dev/null",
         ])
-        .env("WALTAIL_PIPELINE", "p")
-        .env("WALTAIL_SOURCE_URL", "postgres://nobody@127.0.0.1:1/none")
-        .env("WALTAIL_SOURCE_TABLES", "public.t")
-        .env("WALTAIL_DESTINATION_TYPE", "file")
-        .env("WALTAIL_DESTINATION_PATH", root.path())
-        .env("WALTAIL_STATE_DIR", root.path().join("state"))
+        .envs(env.clone())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -933,13 +939,32 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
     let text = wait_for("Time: ", 3);
     assert!(text.contains("rows,total\r\n3,60\r\n"), "{text}");
     assert!(!times(&text)[2].contains("tables kept"), "{text}");
+    // A compaction commits to the table's Delta logs: the next statement
+    // reads the new snapshot (the same answer, now from Parquet), and the
+    // one after keeps its tables again.
+    let out = Command::new(bin())
+        .arg("compact")
+        .envs(env)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    for (i, kept) in [(4, false), (5, true)] {
+        say("SELECT count(*) AS rows, sum(n) AS total FROM public.t;");
+        let text = wait_for("Time: ", i);
+        assert_eq!(
+            text.matches("rows,total\r\n3,60\r\n").count(),
+            i - 2,
+            "{text}"
+        );
+        assert_eq!(times(&text)[i - 1].contains("tables kept"), kept, "{text}");
+    }
     // Settings made at the prompt stay for the statements after them.
     say("SET datafusion.execution.batch_size = 1234;");
-    wait_for("Time: ", 4);
+    wait_for("Time: ", 6);
     say(
         "SELECT value FROM information_schema.df_settings WHERE name = 'datafusion.execution.batch_size';",
     );
-    let text = wait_for("Time: ", 5);
+    let text = wait_for("Time: ", 7);
     assert!(text.contains("value\r\n1234\r\n"), "{text}");
     say("\\q");
     drop(stdin);

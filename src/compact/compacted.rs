@@ -5,10 +5,13 @@
 
 use std::collections::BTreeMap;
 
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+
 use super::delta::{self, Location, Published, Role};
 use super::history::table_dir;
 use super::typing::{Column, TableShape};
-use crate::Result;
+use crate::{Error, Result};
 
 /// What to do when a file a table's log lists cannot be read.
 pub const UNREADABLE_FIX: &str = "the files a table's Delta log lists must stay in the store: restore them (from the store's versioning or a backup), or delete the table's folders under parquet/ and latest/ to compact it again from the archive";
@@ -37,6 +40,10 @@ pub struct TableEntry {
     pub history_rows: u64,
     /// The history's files (keys under the prefix) below `next_seq`.
     pub history: Vec<String>,
+    /// The Delta versions read, of the history and of the latest view
+    /// (`None`: no log yet), so a reader can tell whether a log has moved
+    /// on since (see [`log_moved`]).
+    pub versions: [Option<u64>; 2],
 }
 
 impl TableEntry {
@@ -162,8 +169,38 @@ impl Compacted {
             buckets: self.latest.as_ref().map_or(0, |l| l.buckets),
             history_rows: self.history.as_ref().map_or(0, Published::rows),
             history: history_files,
+            versions: [
+                self.history.as_ref().map(|h| h.version),
+                self.latest.as_ref().map(|l| l.version),
+            ],
         }
     }
+}
+
+/// Whether either log of `shape`'s table has a version after `versions`
+/// (see [`TableEntry::versions`]; `[None, None]` for a table not compacted
+/// when they were read). Delta versions follow each other without gaps,
+/// so the next one's commit file either exists or no commit came since:
+/// one HEAD per log instead of reading it.
+pub async fn log_moved(
+    store: &dyn ObjectStore,
+    prefix: Option<&str>,
+    shape: &TableShape,
+    versions: [Option<u64>; 2],
+) -> Result<bool> {
+    for (role, version) in [Role::History, Role::Latest].into_iter().zip(versions) {
+        let next = version.map_or(0, |v| v + 1);
+        let key = ObjectPath::from(format!(
+            "{}/_delta_log/{next:020}.json",
+            table_dir(prefix, role.root(), shape)
+        ));
+        match store.head(&key).await {
+            Ok(_) => return Ok(true),
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(Error::store("HEAD", key.to_string(), e)),
+        }
+    }
+    Ok(false)
 }
 
 /// The first seq a history file holds, from its name

@@ -87,13 +87,17 @@ pub struct Archive {
 }
 
 impl Archive {
-    /// Takes a snapshot of the archive, placed at `at`.
+    /// Takes a snapshot of the archive, placed at `at`. With the snapshot
+    /// `previous` took (the prompt's last), a table whose shape is the same
+    /// and whose Delta logs have no newer commit keeps the entry read then
+    /// (see [`compacted::log_moved`]) rather than reading its logs again.
     pub async fn load(
         store: Arc<dyn ObjectStore>,
         loc: &Location,
         prefix: Option<&str>,
         pipeline: &str,
         at: Option<&At>,
+        previous: Option<&Archive>,
     ) -> Result<Archive> {
         let started = std::time::Instant::now();
         let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
@@ -109,8 +113,15 @@ impl Archive {
             .collect();
         // The logs are read after the schema records: a table's compacted
         // columns are among the records the run read.
-        let compacted =
-            compacted::entries(loc, pipeline, prefix, shapes.values().map(|s| s.as_ref())).await?;
+        let compacted = match previous {
+            Some(previous) if previous.prefix.as_deref() == prefix => {
+                compacted_since(store.as_ref(), loc, pipeline, prefix, &shapes, previous).await?
+            }
+            _ => {
+                compacted::entries(loc, pipeline, prefix, shapes.values().map(|s| s.as_ref()))
+                    .await?
+            }
+        };
         let read_logs = started.elapsed();
         // A time is placed among every object's write time; otherwise the
         // tables' tails need the objects from where compaction stopped.
@@ -236,6 +247,40 @@ impl Archive {
     pub fn under(&self, key: &str) -> String {
         listing::under(self.prefix.as_deref(), key)
     }
+}
+
+/// The compacted tables as [`compacted::entries`] reads them, but keeping
+/// `previous`'s entry of each table whose shape is the same and whose logs
+/// have not moved on.
+async fn compacted_since(
+    store: &dyn ObjectStore,
+    loc: &Location,
+    pipeline: &str,
+    prefix: Option<&str>,
+    shapes: &BTreeMap<String, Arc<TableShape>>,
+    previous: &Archive,
+) -> Result<BTreeMap<String, TableEntry>> {
+    let checks = shapes.values().map(|shape| async move {
+        let before = previous.compacted.get(&shape.table);
+        let moved = previous.shapes.get(&shape.table) != Some(shape)
+            || compacted::log_moved(
+                store,
+                prefix,
+                shape,
+                before.map_or([None, None], |e| e.versions),
+            )
+            .await?;
+        Ok::<_, Error>((shape.as_ref(), moved, before))
+    });
+    let checked = futures::future::try_join_all(checks).await?;
+    let moved = checked.iter().filter(|c| c.1).map(|c| c.0);
+    let mut entries = compacted::entries(loc, pipeline, prefix, moved).await?;
+    for (shape, moved, before) in checked {
+        if let (false, Some(entry)) = (moved, before) {
+            entries.insert(shape.table.clone(), entry.clone());
+        }
+    }
+    Ok(entries)
 }
 
 /// The archive's NDJSON objects, by first seq then write time, each with

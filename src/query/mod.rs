@@ -108,12 +108,14 @@ impl Query {
     /// built), else the same session with the new snapshot's tables.
     async fn session(&self, phases: &mut Phases) -> Result<(SessionContext, Arc<Archive>)> {
         let started = Instant::now();
+        let mut kept = self.session.lock().await;
         let archive = Archive::load(
             Arc::clone(self.sink.store()),
             &self.loc,
             self.sink.prefix(),
             &self.pipeline,
             self.at.as_ref(),
+            kept.as_ref().map(|(_, last)| last.as_ref()),
         )
         .await?;
         if let (Some(At::Time(t)), Some(seq)) = (&self.at, archive.max_seq) {
@@ -122,29 +124,19 @@ impl Query {
                 t.to_rfc3339()
             );
         }
-        let mut kept = self.session.lock().await;
-        let reused = match kept.as_ref() {
+        let (ctx, archive) = match kept.take() {
             Some((ctx, last)) if last.same_snapshot(&archive) => {
-                Some((ctx.clone(), Arc::clone(last)))
-            }
-            _ => None,
-        };
-        let (ctx, archive) = match reused {
-            Some(both) => {
                 phases.reused = true;
-                both
+                (ctx, last)
+            }
+            Some((ctx, _)) => {
+                let archive = Arc::new(archive);
+                providers::register(&ctx, Arc::clone(&archive)).map_err(|e| sql_error("", e))?;
+                (ctx, archive)
             }
             None => {
                 let archive = Arc::new(archive);
-                let ctx = match kept.take() {
-                    Some((ctx, _)) => {
-                        providers::register(&ctx, Arc::clone(&archive))
-                            .map_err(|e| sql_error("", e))?;
-                        ctx
-                    }
-                    None => session(Arc::clone(&archive))?,
-                };
-                (ctx, archive)
+                (session(Arc::clone(&archive))?, archive)
             }
         };
         *kept = Some((ctx.clone(), Arc::clone(&archive)));
@@ -201,8 +193,10 @@ impl Query {
         .await;
         drop(out);
         if self.timing.load(Ordering::Relaxed) {
-            eprintln!(
-                "Time: {:.1} ms (snapshot {:.1} ms{}, plan {:.1} ms, run {:.1} ms)",
+            // One write: stderr is unbuffered, and a line written in parts
+            // interleaves with the terminal's echo of what is typed next.
+            let line = format!(
+                "Time: {:.1} ms (snapshot {:.1} ms{}, plan {:.1} ms, run {:.1} ms)\n",
                 ms(started.elapsed()),
                 ms(phases.snapshot),
                 if phases.reused {
@@ -213,6 +207,7 @@ impl Query {
                 ms(phases.plan),
                 ms(phases.run),
             );
+            let _ = std::io::stderr().write_all(line.as_bytes());
         }
         match ran {
             Ok(true) => Ok(()),
