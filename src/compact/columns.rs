@@ -25,9 +25,7 @@ use arrow::array::{
 };
 use arrow::compute::concat;
 
-use super::history;
-use super::read::{ChangeOp, TypedChange};
-use super::spool::{Counts, op_code};
+use super::change::{ChangeOp, TypedChange, op_code};
 use super::typing::{Cell, ColumnBuilder, TableShape};
 
 /// A change as its parts, borrowed from a [`TypedChange`].
@@ -216,7 +214,7 @@ pub struct ChangeBatch {
     /// As `history::history_schema` lays them out: the data columns, then
     /// `_op`, `_seq`, `_lsn`, `_key`, `_old`, `_unchanged`.
     pub history: Vec<ArrayRef>,
-    /// For the spool: each change's op (`spool::op_code`), the key it had
+    /// For the spool: each change's op (`change::op_code`), the key it had
     /// before, and the bitmap of the columns it left out.
     pub ops: ArrayRef,
     pub old_keys: ArrayRef,
@@ -268,7 +266,7 @@ impl ChangeBatch {
 
     /// Each change's seq (the history's `_seq`).
     pub fn seqs(&self) -> &Int64Array {
-        self.history[self.data_columns() + history::SEQ]
+        self.history[self.data_columns() + SEQ]
             .as_any()
             .downcast_ref()
             .expect("built as integers")
@@ -298,4 +296,57 @@ pub fn change_batch<R: Borrow<TypedChange>>(shape: &TableShape, changes: &[R]) -
         columns.append(c.borrow().into());
     }
     columns.finish()
+}
+
+/// Where `_seq`, `_lsn` and `_key` are among the history's columns, after
+/// the data columns and `_op` (see `history::history_schema`).
+pub const SEQ: usize = 1;
+pub const LSN: usize = 2;
+pub const KEY: usize = 3;
+
+/// What the spool counts of a table's changes (see [`Counts::add`]): the
+/// latest view's bucket count and its merge order are chosen from it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Changes spooled (not counting the copies of truncates and moves).
+    pub changes: u64,
+    /// Upserts spooled: at most this many rows are added to the view.
+    pub upserts: u64,
+    /// The sum of [`Change::row_bytes`] over the upserts.
+    pub upsert_bytes: u64,
+    /// Updates that moved a row to a key of another bucket leaving columns
+    /// out: their merge needs the old row from that bucket, so buckets are
+    /// then merged one after the other (see `latest::MergeInput::moved`).
+    pub carried_moves: u64,
+    /// The seq of the last change counted.
+    pub last_seq: u64,
+}
+
+impl Counts {
+    /// Counts one change of a table with a key (in seq order); a change
+    /// without a key (but a truncate) places nothing: not counted (`false`).
+    pub fn add(&mut self, change: &Change<'_>) -> bool {
+        if change.op != ChangeOp::Truncate && change.key.is_none() {
+            return false;
+        }
+        self.changes += 1;
+        self.last_seq = change.seq;
+        self.carried_moves += change.carries() as u64;
+        if change.op == ChangeOp::Upsert {
+            self.upserts += 1;
+            self.upsert_bytes += change.row_bytes();
+        }
+        true
+    }
+
+    /// Adds the counts of later changes.
+    pub fn merge(&mut self, later: &Counts) {
+        self.changes += later.changes;
+        self.upserts += later.upserts;
+        self.upsert_bytes += later.upsert_bytes;
+        self.carried_moves += later.carried_moves;
+        if later.changes > 0 {
+            self.last_seq = later.last_seq;
+        }
+    }
 }

@@ -10,6 +10,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::delta::{self, Location, Published, Role};
 use super::history::table_dir;
+use super::listing::Resume;
 use super::typing::{Column, TableShape};
 use crate::{Error, Result};
 
@@ -201,6 +202,31 @@ pub async fn log_moved(
         }
     }
     Ok(false)
+}
+
+/// Where the NDJSON after every one of `tables` continues, if their Delta
+/// logs know it for each: the lowest `next_seq`, with the earliest date
+/// (see [`super::listing::list_archive`]).
+pub fn resume_for<'a>(
+    compacted: &BTreeMap<String, TableEntry>,
+    tables: impl IntoIterator<Item = &'a String>,
+) -> Option<Resume> {
+    let mut out: Option<Resume> = None;
+    for table in tables {
+        let entry = compacted.get(table)?;
+        let date = entry.next_date.clone()?;
+        out = Some(match out {
+            None => Resume {
+                seq: entry.next_seq,
+                date,
+            },
+            Some(r) => Resume {
+                seq: r.seq.min(entry.next_seq),
+                date: r.date.min(date),
+            },
+        });
+    }
+    out
 }
 
 /// The first seq a history file holds, from its name

@@ -29,8 +29,8 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
 use super::Task;
-use super::columns::{ChangeBatch, change_batch};
-use super::read::TypedChange;
+use super::change::TypedChange;
+use super::columns::{ChangeBatch, LSN, change_batch};
 use super::spool;
 use super::typing::TableShape;
 use crate::config::{CompactConfig, Compression};
@@ -102,12 +102,6 @@ pub fn history_key(
         table_dir(prefix, "parquet", shape)
     )
 }
-
-/// Where `_seq`, `_lsn` and `_key` are among the history's columns, after
-/// the data columns and `_op` (see [`history_schema`]).
-pub const SEQ: usize = 1;
-pub const LSN: usize = 2;
-pub const KEY: usize = 3;
 
 /// The history's Arrow schema: the data columns, then the metadata.
 pub fn history_schema(shape: &TableShape) -> SchemaRef {
@@ -795,7 +789,7 @@ pub fn history_columns<R: Borrow<TypedChange>>(shape: &TableShape, rows: &[R]) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compact::read::ChangeOp;
+    use crate::compact::change::ChangeOp;
     use crate::compact::typing::Cell;
     use arrow::array::AsArray;
     use arrow::datatypes::Int64Type;

@@ -49,10 +49,10 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use parquet::file::properties::WriterProperties;
 
+use super::change::{ChangeOp, TypedChange};
 use super::columns::{absent_bits, left_out};
 use super::compacted::UNREADABLE_FIX;
 use super::history::{Output, ParquetFile, dictionaries_for, table_dir};
-use super::read::{ChangeOp, TypedChange};
 use super::session::{ARCHIVE_URL, table_url};
 use super::spool::{Role, Spool, bucket_of};
 use super::typing::{Cell, TableShape, build_array, read_cells};

@@ -9,7 +9,6 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
-use super::compacted::TableEntry;
 use super::typing::SchemaRecord;
 use crate::backoff::Backoff;
 use crate::error::Disposition;
@@ -79,32 +78,6 @@ pub struct Listed {
 pub struct Resume {
     pub seq: u64,
     pub date: String,
-}
-
-impl Resume {
-    /// Where every one of `tables` continues, if its Delta logs know it for
-    /// each: the lowest `next_seq`, with the earliest date.
-    pub fn for_tables<'a>(
-        compacted: &BTreeMap<String, TableEntry>,
-        tables: impl IntoIterator<Item = &'a String>,
-    ) -> Option<Resume> {
-        let mut out: Option<Resume> = None;
-        for table in tables {
-            let entry = compacted.get(table)?;
-            let date = entry.next_date.clone()?;
-            out = Some(match out {
-                None => Resume {
-                    seq: entry.next_seq,
-                    date,
-                },
-                Some(r) => Resume {
-                    seq: r.seq.min(entry.next_seq),
-                    date: r.date.min(date),
-                },
-            });
-        }
-        out
-    }
 }
 
 /// Every archive object of `pipeline`, unsorted; other files under the

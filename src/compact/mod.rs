@@ -23,6 +23,7 @@
 //! is redone by the next one, and no change is compacted twice (see
 //! [`plan`] and [`delta::commit`]).
 
+pub mod change;
 pub mod columns;
 pub mod compacted;
 pub mod delta;

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use super::change::{ChangeOp, TypedChange};
 use super::columns::{ChangeBatch, ChangeColumns};
 use super::typing::{
     Cell, Kind, TableShape, int_cell, not_valid, parse_cell, parse_decimal, parse_str_cell,
@@ -30,39 +31,6 @@ pub struct Envelope {
     pub seq: u64,
     pub idempotency_key: String,
     pub commit_lsn: String,
-}
-
-/// What a change does to its table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChangeOp {
-    /// insert, update and read (a backfilled row): the row now has these values.
-    Upsert,
-    Delete,
-    Truncate,
-}
-
-/// A change typed by its table's shape.
-#[derive(Debug, Clone)]
-pub struct TypedChange {
-    /// As the archive names it (see [`op_name`]).
-    pub op_name: &'static str,
-    pub op: ChangeOp,
-    pub seq: u64,
-    /// Inline: an LSN is at most 17 bytes.
-    pub lsn: CompactString,
-    /// The row's key as JSON (`{"id":1}`); `None` for a truncate or a table
-    /// without key. Inline up to 24 bytes (most keys): no allocation per
-    /// change, and a latest view's map compares keys without a pointer
-    /// to follow.
-    pub key: Option<CompactString>,
-    /// The key the row had before, when the change moved it (or a delete).
-    pub old_key: Option<CompactString>,
-    /// One cell per shape column; `Absent` where `data` left it out.
-    pub cells: Vec<Cell>,
-    pub old: Option<String>,
-    /// Columns left out of `data` by an update (unchanged TOAST), as a JSON
-    /// array, so a reader of the history can tell them from nulls.
-    pub unchanged: Option<String>,
 }
 
 /// The key of a row as JSON: `{"name":value,...}` over the key columns in

@@ -79,9 +79,8 @@ use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use arrow::ipc::reader::FileReader;
 use arrow::ipc::writer::FileWriter;
 
-use super::columns::{Change, ChangeBatch, absent_bits};
-use super::history;
-use super::read::{ChangeOp, TypedChange};
+use super::change::{ChangeOp, TypedChange, op_code};
+use super::columns::{self, Change, ChangeBatch, Counts, absent_bits};
 use super::typing::{Cell, TableShape, build_array};
 use crate::{Error, Result};
 
@@ -187,53 +186,6 @@ impl Step {
         match self {
             Step::Change(c) => c.key.as_deref(),
             Step::MoveOut { from, .. } => Some(from),
-        }
-    }
-}
-
-/// What the spool counts of a table's changes (see [`Counts::add`]): the
-/// latest view's bucket count and its merge order are chosen from it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts {
-    /// Changes spooled (not counting the copies of truncates and moves).
-    pub changes: u64,
-    /// Upserts spooled: at most this many rows are added to the view.
-    pub upserts: u64,
-    /// The sum of [`Change::row_bytes`] over the upserts.
-    pub upsert_bytes: u64,
-    /// Updates that moved a row to a key of another bucket leaving columns
-    /// out: their merge needs the old row from that bucket, so buckets are
-    /// then merged one after the other (see `latest::MergeInput::moved`).
-    pub carried_moves: u64,
-    /// The seq of the last change counted.
-    pub last_seq: u64,
-}
-
-impl Counts {
-    /// Counts one change of a table with a key (in seq order); a change
-    /// without a key (but a truncate) places nothing: not counted (`false`).
-    pub fn add(&mut self, change: &Change<'_>) -> bool {
-        if change.op != ChangeOp::Truncate && change.key.is_none() {
-            return false;
-        }
-        self.changes += 1;
-        self.last_seq = change.seq;
-        self.carried_moves += change.carries() as u64;
-        if change.op == ChangeOp::Upsert {
-            self.upserts += 1;
-            self.upsert_bytes += change.row_bytes();
-        }
-        true
-    }
-
-    /// Adds the counts of later changes.
-    pub fn merge(&mut self, later: &Counts) {
-        self.changes += later.changes;
-        self.upserts += later.upserts;
-        self.upsert_bytes += later.upsert_bytes;
-        self.carried_moves += later.carried_moves;
-        if later.changes > 0 {
-            self.last_seq = later.last_seq;
         }
     }
 }
@@ -416,15 +368,6 @@ pub fn spool_schema(shape: &TableShape) -> SchemaRef {
 
 const ROLE_CHANGE: u8 = 0;
 const ROLE_MOVE_OUT: u8 = 1;
-
-/// A change's op in the spool's `_op` column.
-pub(super) fn op_code(op: ChangeOp) -> u8 {
-    match op {
-        ChangeOp::Upsert => 0,
-        ChangeOp::Delete => 1,
-        ChangeOp::Truncate => 2,
-    }
-}
 
 fn spool_error(what: impl std::fmt::Display) -> Error {
     Error::fatal(
@@ -1034,9 +977,9 @@ pub fn change_rows(
     let mut columns: Vec<ArrayRef> = vec![
         Arc::new(UInt8Array::from(vec![ROLE_CHANGE; changes.len()])),
         Arc::clone(&changes.ops),
-        Arc::clone(&history[n + history::SEQ]),
-        Arc::clone(&history[n + history::LSN]),
-        Arc::clone(&history[n + history::KEY]),
+        Arc::clone(&history[n + columns::SEQ]),
+        Arc::clone(&history[n + columns::LSN]),
+        Arc::clone(&history[n + columns::KEY]),
         Arc::clone(&changes.old_keys),
         Arc::clone(&changes.absent),
     ];

@@ -127,7 +127,7 @@ impl Archive {
         // tables' tails need the objects from where compaction stopped.
         let resume = match at {
             Some(At::Time(_)) => None,
-            _ => Resume::for_tables(&compacted, shapes.keys()),
+            _ => compacted::resume_for(&compacted, shapes.keys()),
         };
         let objects = list(store.as_ref(), prefix, pipeline, resume.as_ref()).await?;
         tracing::debug!(

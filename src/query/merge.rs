@@ -22,7 +22,7 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, RecordBatch, StringArray};
 use arrow::datatypes::{Field, Schema, SchemaRef};
 
-use crate::compact::read::{ChangeOp, TypedChange};
+use crate::compact::change::{ChangeOp, TypedChange};
 use crate::compact::typing::{Cell, TableShape, build_array};
 
 /// A row as the changes left it.
