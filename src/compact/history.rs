@@ -28,10 +28,10 @@ use parquet::basic::{Encoding, GzipLevel, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
-use super::Task;
 use super::change::TypedChange;
 use super::columns::{ChangeBatch, LSN, change_batch};
 use super::spool;
+use super::task::Task;
 use super::typing::TableShape;
 use crate::config::{CompactConfig, Compression};
 use crate::sink::layout::key_segment;

@@ -29,6 +29,7 @@ pub mod compacted;
 pub mod delta;
 pub mod history;
 pub mod latest;
+pub mod line;
 pub mod listing;
 pub mod plan;
 pub mod read;
@@ -36,6 +37,7 @@ pub mod rewrite;
 mod scan;
 pub mod session;
 pub mod spool;
+mod task;
 pub mod typing;
 pub mod upgrade;
 
@@ -53,6 +55,7 @@ use self::delta::{Location, Role};
 use self::history::HistoryFile;
 use self::latest::{MergeInput, merge_bucket};
 use self::plan::{Plan, plan_files};
+use self::task::Task;
 use self::typing::TableShape;
 use crate::config::Config;
 use crate::sink::Sink;
@@ -259,7 +262,7 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
     let ctx = session::session(Arc::clone(&store));
     let mut spool = spool::Spool::new(config.compact.merge_bytes)?;
     let shapes = Arc::new(shapes);
-    // By table index (see read::Shapes): no lookup by name per change.
+    // By table index (see line::Shapes): no lookup by name per change.
     let starts: Arc<[u64]> = (0..shapes.len())
         .map(|i| {
             entries
@@ -598,31 +601,6 @@ fn relative(dir: &str, key: &str) -> Result<String> {
         .ok_or_else(|| Error::bug(format!("{key} is not in {dir}")))
 }
 
-/// A spawned task that is aborted when its handle is dropped: when a run
-/// fails, the tasks it started stop at their next await instead of going
-/// on writing after the run has reported its error (their output is
-/// deterministic, but a late write would be an orphan nothing cleans up).
-pub(crate) struct Task<T>(tokio::task::JoinHandle<T>);
-
-impl<T: Send + 'static> Task<T> {
-    pub(crate) fn spawn(future: impl Future<Output = T> + Send + 'static) -> Task<T> {
-        Task(tokio::spawn(future))
-    }
-
-    /// The task's output; an error if it panicked.
-    pub(crate) async fn join(mut self, what: &str) -> Result<T> {
-        (&mut self.0)
-            .await
-            .map_err(|e| Error::bug(format!("{what} failed: {e}")))
-    }
-}
-
-impl<T> Drop for Task<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Buckets of a latest view merged at once.
 const MERGERS: usize = 2;
 
@@ -686,7 +664,7 @@ fn object_groups(plan: &Plan) -> Vec<Vec<(String, u64)>> {
 fn read_ahead(
     store: &Arc<dyn ObjectStore>,
     plan: &Plan,
-    shapes: &Arc<read::Shapes>,
+    shapes: &Arc<line::Shapes>,
     starts: &Arc<[u64]>,
 ) -> ReadAhead {
     let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD);
@@ -739,7 +717,7 @@ fn read_ahead(
 /// `i`'s from `starts[i]` on (see [`read::ObjectReader`]); an error names
 /// the object and the line.
 fn parse_object(
-    shapes: &read::Shapes,
+    shapes: &line::Shapes,
     starts: &[u64],
     key: &str,
     from_seq: u64,
@@ -860,7 +838,7 @@ fn shapes(
     schemas: &BTreeMap<String, Vec<typing::SchemaRecord>>,
     tables: &[String],
     compacted: &BTreeMap<String, compacted::TableEntry>,
-) -> Result<read::Shapes> {
+) -> Result<line::Shapes> {
     let mut out = Vec::new();
     for table in tables {
         let records = schemas.get(table).map(Vec::as_slice).unwrap_or_default();
@@ -887,7 +865,7 @@ fn shapes(
         }
         out.push(Arc::new(shape));
     }
-    Ok(read::Shapes::new(out))
+    Ok(line::Shapes::new(out))
 }
 
 fn progress_bar(total: u64) -> ProgressBar {
@@ -1028,7 +1006,7 @@ mod tests {
     #[tokio::test]
     async fn objects_come_back_in_plan_order_and_a_bad_line_stops_the_reader() {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-        let shapes = Arc::new(read::Shapes::new([Arc::new(TableShape::test_t())]));
+        let shapes = Arc::new(line::Shapes::new([Arc::new(TableShape::test_t())]));
         let line = |seq: u64| {
             format!(
                 r#"{{"op":"insert","table":"public.t","data":{{"id":{seq},"doc":"d"}},"old":null,"seq":{seq},"idempotency_key":"k{seq}","commit_lsn":"0/1"}}"#

@@ -25,7 +25,7 @@
 use compact_str::CompactString;
 use serde_json::{Map, Value};
 
-use super::read::{FastLine, Row, Shapes, key_with};
+use super::line::{FastLine, Row, Shapes, key_with};
 use super::typing::{Cell, Kind, TableShape, int_cell, parse_cell, parse_decimal, parse_str_cell};
 
 /// Reads `line` if it has `waltail run`'s layout and every value fits its
