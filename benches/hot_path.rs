@@ -32,8 +32,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use waltail::archive::envelope::{self, Change};
 use waltail::batch::{Batcher, Cut};
-use waltail::envelope::{self, Change};
 use waltail::source::pgoutput::{self, ColumnValue, LogicalMessage};
 use waltail::source::replication::ReplicationMessage;
 use waltail::source::stream::{Decoder, SourceEvent};

@@ -14,17 +14,28 @@ use std::time::Duration;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::checkpoint::Intent;
-use crate::sink::codec::Codec;
+use crate::archive::codec::Codec;
 use std::sync::Arc;
 
-use crate::envelope::{self, Change, TableRef};
+use crate::archive::envelope::{self, Change, TableRef};
 
 /// The default of `delivery.max_batch_bytes`: a batch is also cut once its
 /// body reaches this size, so wide rows (large TOASTed values) cannot make
 /// one object, and the memory holding the batches in flight, grow without
 /// bound (see the pipeline's bound on the batches in memory).
 pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// A batch whose seq range is fixed, as the local state records it before
+/// its PUT: `done` once its object is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Intent {
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub done: bool,
+    /// How the batch's object is encoded (its key says so too): a batch
+    /// re-formed after `destination.compression` changed keeps it.
+    pub codec: Codec,
+}
 
 /// A batch ready for delivery: one object's worth of envelope lines.
 #[derive(Debug, Clone)]
@@ -245,7 +256,7 @@ impl Batcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envelope::{Op, RowSet, TableRef};
+    use crate::archive::envelope::{Op, RowSet, TableRef};
 
     fn change(i: u64) -> Change {
         Change {

@@ -26,8 +26,9 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::archive::codec::Codec;
+use crate::batch::Intent;
 use crate::row_identity;
-use crate::sink::codec::Codec;
 use crate::{Error, Result};
 
 /// The `(L, S)` pair described in the module docs.
@@ -35,17 +36,6 @@ use crate::{Error, Result};
 pub struct Cursor {
     pub confirmed_lsn: u64,
     pub next_seq: u64,
-}
-
-/// A batch whose seq range is fixed: `done` once its object is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Intent {
-    pub first_seq: u64,
-    pub last_seq: u64,
-    pub done: bool,
-    /// How the batch's object is encoded (its key says so too): a batch
-    /// re-formed after `destination.compression` changed keeps it.
-    pub codec: Codec,
 }
 
 /// The meta key of the row identity's version (see [`row_identity`]).
@@ -217,9 +207,13 @@ pub struct Parked {
 
 impl Parked {
     /// The tables the batch touches (kept by name, comma-separated).
-    pub fn tables(&self) -> Vec<std::sync::Arc<crate::envelope::TableRef>> {
+    pub fn tables(&self) -> Vec<std::sync::Arc<crate::archive::envelope::TableRef>> {
         self.table_names()
-            .map(|name| std::sync::Arc::new(crate::envelope::TableRef::from_name(name.to_string())))
+            .map(|name| {
+                std::sync::Arc::new(crate::archive::envelope::TableRef::from_name(
+                    name.to_string(),
+                ))
+            })
             .collect()
     }
 
@@ -1338,7 +1332,9 @@ mod tests {
         assert_eq!(parked[0].rows, vec![held]);
         // The same truncate, hashed by this release, is recognised.
         assert_eq!(
-            crate::envelope::table_hash(&crate::envelope::TableRef::new("public", "orders")),
+            crate::archive::envelope::table_hash(&crate::archive::envelope::TableRef::new(
+                "public", "orders"
+            )),
             held
         );
         cp.set_meta(META_ROW_IDENTITY, "2").unwrap();

@@ -5,7 +5,7 @@
 //! The modules follow the data flow:
 //!
 //! ```text
-//! Postgres --replication (pgoutput)--> source --> Change --> envelope (seq, key)
+//! Postgres --replication (pgoutput)--> source --> Change --> archive::envelope (seq, key)
 //!     --> batch (size, linger) --> delivery (in-flight limit, rate, retry,
 //!     per-row order) --> sink (object_store PUT) --> checkpoint (confirm LSN)
 //!
@@ -21,6 +21,7 @@
 //! wholly in the archive) and no seq range is written as two different
 //! objects (batch intents are persisted before each PUT).
 
+pub mod archive;
 pub mod backoff;
 pub mod batch;
 pub mod checkpoint;
@@ -31,13 +32,13 @@ pub mod compact;
 pub mod config;
 pub mod console;
 pub mod delivery;
-pub mod envelope;
 pub mod error;
 #[cfg(test)]
 mod fuzzing;
 pub mod http;
 pub mod lsn;
 pub mod pgtime;
+pub mod pgtls;
 pub mod pipeline;
 #[cfg(feature = "lakehouse")]
 pub mod query;

@@ -25,19 +25,20 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::archive::codec::Codec;
+use crate::archive::envelope;
+use crate::archive::key;
 use crate::backoff::Backoff;
 use crate::batch::{Batch, Batcher, Cut};
 use crate::checkpoint::{self, Checkpoint, Chunk, Cursor, ParkStatus, Parked, Progress};
 use crate::config::Config;
 use crate::console::{Fate, JOURNAL};
 use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
-use crate::envelope;
 use crate::error::Disposition;
 use crate::lsn;
 use crate::pgtime;
 use crate::row_identity::Holds;
-use crate::sink::codec::Codec;
-use crate::sink::{Sink, layout};
+use crate::sink::Sink;
 use crate::source::backfill::{self, CANCEL_CHUNK, Mark, Passed, Watermark, driver::Driver};
 use crate::source::catalog::TypeCatalog;
 use crate::source::replication::{FeedbackSender, ReplicationConnection};
@@ -382,7 +383,7 @@ async fn session(
             Ok(Err(e)) => Err(e),
             _ => Err(Error::replication(
                 "reading the replication stream",
-                source::replication::ReplicationError::Closed,
+                crate::error::ReplicationError::Closed,
             )),
         },
     }
@@ -1037,7 +1038,7 @@ impl Pipeline<'_> {
             "{{\"table\":{},\"version\":{version},{}}}\n",
             record.table.json, record.members
         );
-        let key = layout::schema_key(self.prefix.as_deref(), table, version);
+        let key = key::schema_key(self.prefix.as_deref(), table, version);
         self.delivery
             .put_now(&key, bytes::Bytes::from(body), "application/json")
             .await?;
@@ -1051,7 +1052,7 @@ impl Pipeline<'_> {
     /// (see [`Pipeline::record_waiting`]).
     fn enqueue(&mut self, mut batch: Batch) -> Result<()> {
         let codec = *batch.codec.get_or_insert(self.compression);
-        batch.key = layout::batch_key(
+        batch.key = key::batch_key(
             self.prefix.as_deref(),
             &self.pipeline,
             batch.commit_ts,

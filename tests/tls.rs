@@ -11,7 +11,8 @@ use std::time::Duration;
 use common::pg::DedicatedPg;
 use common::*;
 use waltail::config::{Config, SourceConfig};
-use waltail::source::{self, replication::ReplicationConnection, replication::ReplicationError};
+use waltail::error::ReplicationError;
+use waltail::source::{self, replication::ReplicationConnection};
 
 /// A host name the certificate does not name; hostaddr makes it reachable.
 const OTHER_NAME: &str = "tls-test.invalid";

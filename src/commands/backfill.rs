@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::archive::key;
 use crate::checkpoint::{Backfill, Checkpoint};
 use crate::config::{Config, TableName};
 use crate::pipeline::{self, RunOptions};
-use crate::sink::{Sink, layout};
+use crate::sink::Sink;
 use crate::source::backfill::{
     Estimate, Mark, check_server, configured_table, connect, emit, ensure_watermark_table,
     estimate, plan, read_chunk,
@@ -309,7 +310,7 @@ async fn object_write_time(config: &Config, estimates: &[TableEstimate]) -> Resu
         chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         " ".repeat(size)
     );
-    let key = layout::check_key(sink.prefix());
+    let key = key::check_key(sink.prefix());
     let mut times = Vec::new();
     for _ in 0..3 {
         let started = Instant::now();

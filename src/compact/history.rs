@@ -33,8 +33,8 @@ use super::columns::{ChangeBatch, LSN, change_batch};
 use super::spool;
 use super::task::Task;
 use super::typing::TableShape;
+use crate::archive::key::key_segment;
 use crate::config::{CompactConfig, Compression};
-use crate::sink::layout::key_segment;
 use crate::{Error, Result};
 
 /// Changes written at a time: the batches of small objects are joined up
@@ -82,7 +82,7 @@ pub fn writer_properties(config: &CompactConfig) -> WriterProperties {
 /// `[prefix/]<root>/<schema>/<table>`, names encoded as schema records' are.
 pub fn table_dir(prefix: Option<&str>, root: &str, shape: &TableShape) -> String {
     let (schema, table) = shape.schema_and_name();
-    super::listing::under(
+    crate::archive::key::under(
         prefix,
         &format!("{root}/{}/{}", key_segment(schema), key_segment(table)),
     )

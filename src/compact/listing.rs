@@ -10,9 +10,10 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
 use super::typing::SchemaRecord;
+use crate::archive::codec::Codec;
+use crate::archive::key::{parse_key, under};
 use crate::backoff::Backoff;
 use crate::error::Disposition;
-use crate::sink::codec::Codec;
 use crate::{Error, Result};
 
 /// One archive object, `[prefix/]YYYY/MM/DD/<pipeline>-<first>-<last>.ndjson`.
@@ -24,40 +25,6 @@ pub struct ArchiveObject {
     pub first_seq: u64,
     pub last_seq: u64,
     pub size: u64,
-}
-
-/// `key` joined under the optional prefix.
-pub fn under(prefix: Option<&str>, key: &str) -> String {
-    match prefix {
-        Some(p) => format!("{p}/{key}"),
-        None => key.to_string(),
-    }
-}
-
-/// Parses an archive key relative to the prefix:
-/// `YYYY/MM/DD/<pipeline>-<a>-<b>.ndjson`, plain or compressed (`.gz`,
-/// `.zst`).
-pub fn parse_key(relative: &str, pipeline: &str) -> Option<(String, u64, u64)> {
-    let mut parts = relative.split('/');
-    let (y, m, d, name) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some()
-        || y.len() != 4
-        || m.len() != 2
-        || d.len() != 2
-        || ![y, m, d]
-            .iter()
-            .all(|p| p.bytes().all(|b| b.is_ascii_digit()))
-    {
-        return None;
-    }
-    let range = Codec::of_key(name)
-        .1
-        .strip_suffix(".ndjson")?
-        .strip_prefix(pipeline)?
-        .strip_prefix('-')?;
-    let (a, b) = range.split_once('-')?;
-    let (first, last) = (a.parse().ok()?, b.parse().ok()?);
-    (first <= last).then(|| (format!("{y}-{m}-{d}"), first, last))
 }
 
 /// An archive object as the store lists it.
@@ -366,36 +333,6 @@ mod tests {
     use super::*;
     use object_store::PutPayload;
     use std::sync::Arc;
-
-    #[test]
-    fn keys_parse_only_for_this_pipeline() {
-        assert_eq!(
-            parse_key("2024/03/01/orders-1-100.ndjson", "orders"),
-            Some(("2024-03-01".into(), 1, 100))
-        );
-        assert_eq!(parse_key("2024/03/01/other-1-100.ndjson", "orders"), None);
-        for compressed in [
-            "2024/03/01/orders-1-100.ndjson.gz",
-            "2024/03/01/orders-1-100.ndjson.zst",
-        ] {
-            assert_eq!(
-                parse_key(compressed, "orders"),
-                Some(("2024-03-01".into(), 1, 100))
-            );
-        }
-        assert_eq!(
-            parse_key("2024/03/01/orders-1-100.ndjson.bz2", "orders"),
-            None
-        );
-        assert_eq!(parse_key("2024/03/01/orders-1-100.gz", "orders"), None);
-        assert_eq!(
-            parse_key("2024/03/01/orders-eu-1-100.ndjson", "orders"),
-            None
-        );
-        assert_eq!(parse_key("parquet/public/orders/x.parquet", "orders"), None);
-        assert_eq!(parse_key("2024/03/01/orders-9-1.ndjson", "orders"), None);
-        assert_eq!(parse_key("2024/3/01/orders-1-1.ndjson", "orders"), None);
-    }
 
     /// Lists only from the day before the resume date, in memory and in a
     /// local folder, and everything when the object holding the resume

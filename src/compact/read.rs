@@ -17,6 +17,7 @@ use super::line::{FastLine, Row, Shapes, key_json, key_text};
 use super::typing::{
     Cell, Kind, TableShape, int_cell, not_valid, parse_cell, parse_decimal, parse_str_cell,
 };
+use crate::archive::envelope::Op;
 
 /// One envelope line as written by `waltail run`.
 #[derive(Debug, Deserialize)]
@@ -314,14 +315,13 @@ fn parse_line<'s>(shapes: &'s Shapes, line: &str) -> Result<Option<FastLine<'s>>
 /// What an op the archive writes does, and its name as a static (not a
 /// String per change).
 pub fn parse_op(op: &str) -> Result<(ChangeOp, &'static str), String> {
-    Ok(match op {
-        "insert" => (ChangeOp::Upsert, "insert"),
-        "update" => (ChangeOp::Upsert, "update"),
-        "read" => (ChangeOp::Upsert, "read"),
-        "delete" => (ChangeOp::Delete, "delete"),
-        "truncate" => (ChangeOp::Truncate, "truncate"),
-        other => return Err(format!("unknown op {other:?}")),
-    })
+    let op = Op::parse(op).ok_or_else(|| format!("unknown op {op:?}"))?;
+    let change = match op {
+        Op::Insert | Op::Update | Op::Read => ChangeOp::Upsert,
+        Op::Delete => ChangeOp::Delete,
+        Op::Truncate => ChangeOp::Truncate,
+    };
+    Ok((change, op.as_str()))
 }
 
 /// The columns an update left out, as a JSON array.

@@ -17,8 +17,8 @@ use serde::Deserialize;
 
 pub mod effective;
 
-use crate::sink::codec::Codec;
-use crate::source::tls::TlsSettings;
+use crate::archive::codec::Codec;
+use crate::pgtls::TlsSettings;
 use crate::sql::quote_ident;
 use crate::{Error, Result};
 
@@ -836,7 +836,7 @@ fn file_secret(table: &toml::Table) -> Option<&'static str> {
 
 /// Whether a connection string holds a password.
 fn url_has_password(url: &str) -> bool {
-    let parsed = crate::source::tls::extract(url)
+    let parsed = crate::pgtls::extract(url)
         .ok()
         .and_then(|(pg_url, _)| tokio_postgres::Config::from_str(&pg_url).ok());
     match parsed {
@@ -984,7 +984,7 @@ fn validate(raw: RawConfig) -> Result<Config> {
     })?;
     // sslmode and sslrootcert are ours: tokio-postgres would refuse verify-ca,
     // verify-full and sslrootcert.
-    let (pg_url, tls) = crate::source::tls::extract(&url)
+    let (pg_url, tls) = crate::pgtls::extract(&url)
         .map_err(|e| Error::config(format!("source.url = {:?}: {e}", redact_url(&url))))?;
     let mut pg = tokio_postgres::Config::from_str(&pg_url).map_err(|e| {
         Error::config(format!(
@@ -1813,7 +1813,7 @@ mod tests {
 
     #[test]
     fn tls_settings_come_from_the_url() {
-        use crate::source::tls::SslMode;
+        use crate::pgtls::SslMode;
         let c = load(MINIMAL, &[]).unwrap();
         assert_eq!(c.source.tls.mode, SslMode::Prefer);
         let c = load(

@@ -38,9 +38,9 @@ use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
+use crate::archive::envelope::{Change, Op, TableRef};
 use crate::checkpoint::{Checkpoint, ParkStatus};
 use crate::config::Config;
-use crate::envelope::{Change, Op, TableRef};
 use crate::error::Report;
 use crate::lsn;
 use crate::telemetry::METRICS;
@@ -552,7 +552,7 @@ fn refuse(status: StatusCode, why: &str) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envelope::RowSet;
+    use crate::archive::envelope::RowSet;
 
     fn change(table: &Arc<TableRef>) -> Change {
         Change {

@@ -245,7 +245,7 @@ impl Archive {
 
     /// `[prefix/]key`.
     pub fn under(&self, key: &str) -> String {
-        listing::under(self.prefix.as_deref(), key)
+        crate::archive::key::under(self.prefix.as_deref(), key)
     }
 }
 

@@ -6,9 +6,7 @@
 //! replaces it; since a batch's key and bytes are deterministic, a retried or
 //! re-sent batch leaves exactly the same object.
 
-pub mod codec;
 pub mod credentials;
-pub mod layout;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +21,7 @@ use object_store::{
 };
 use secrecy::ExposeSecret;
 
+use crate::archive::key;
 use crate::config::{DestinationConfig, S3Config};
 use crate::{Error, Result};
 
@@ -151,7 +150,9 @@ impl Sink {
                 Attributes::from_iter([(Attribute::ContentType, content_type.to_string())]);
             // A compressed archive object says how (its key does too).
             if content_type == NDJSON_CONTENT_TYPE
-                && let Some(encoding) = codec::Codec::of_key(key).0.content_encoding()
+                && let Some(encoding) = crate::archive::codec::Codec::of_key(key)
+                    .0
+                    .content_encoding()
             {
                 attributes.insert(Attribute::ContentEncoding, encoding.into());
             }
@@ -170,7 +171,7 @@ impl Sink {
     /// The connection check: writes `[prefix/].waltail-check`, proving that
     /// the store is reachable and accepts our writes.
     pub async fn check(&self, pipeline: &str) -> Result<String> {
-        let key = layout::check_key(self.prefix());
+        let key = key::check_key(self.prefix());
         let body = format!(
             "{{\"pipeline\":{},\"checked_at\":\"{}\"}}\n",
             serde_json::Value::from(pipeline),

@@ -4,11 +4,12 @@
 use tokio_postgres::Client;
 
 use crate::config::SourceConfig;
+use crate::error::ReplicationError;
+use crate::pgtls::NEEDS_TLS_HINT;
 use crate::source;
-use crate::source::backfill::{MESSAGES_VERSION, WATERMARK_TABLE, watermark_table};
-use crate::source::replication::{ReplicationConnection, ReplicationError};
+use crate::source::replication::ReplicationConnection;
 use crate::source::setup::{PARTITION_ROOT_VERSION, PARTITIONED_FIX, partitioned_refusal};
-use crate::source::tls::NEEDS_TLS_HINT;
+use crate::source::watermark::{MESSAGES_VERSION, WATERMARK_TABLE, watermark_table};
 use crate::sql::{quote_ident, quote_literal};
 
 /// How a check came out.
@@ -322,7 +323,7 @@ async fn sql_checks(
     }
 
     // Backfill's watermarks before 14: rows of a table the first backfill
-    // creates (see `backfill::WATERMARK_TABLE`).
+    // creates (see `watermark::WATERMARK_TABLE`).
     if version_num < MESSAGES_VERSION {
         let table = watermark_table();
         let name = "backfill watermarks";

@@ -12,8 +12,8 @@ pub mod replication;
 pub mod setup;
 pub mod spill;
 pub mod stream;
-pub mod tls;
 pub mod types;
+pub mod watermark;
 
 use secrecy::ExposeSecret;
 
@@ -30,6 +30,7 @@ pub const OUTPUT_SETTINGS: [(&str, &str); 5] = [
 ];
 
 use crate::config::SourceConfig;
+use crate::pgtls;
 use crate::{Error, Result};
 
 /// The connection settings of the source: tokio-postgres's, plus the TLS
@@ -37,7 +38,7 @@ use crate::{Error, Result};
 #[derive(Debug, Clone)]
 pub struct PgConfig {
     pub pg: tokio_postgres::Config,
-    pub tls: tls::TlsSettings,
+    pub tls: pgtls::TlsSettings,
 }
 
 impl std::ops::Deref for PgConfig {
@@ -104,14 +105,14 @@ pub async fn connect_sql(source: &SourceConfig) -> Result<tokio_postgres::Client
 fn connect_error(source: &SourceConfig, e: tokio_postgres::Error) -> Error {
     let context = format!("cannot connect to {}", describe(source));
     let cause = std::error::Error::source(&e);
-    if let Some(tls) = cause.and_then(|c| c.downcast_ref::<tls::TlsError>())
+    if let Some(tls) = cause.and_then(|c| c.downcast_ref::<pgtls::TlsError>())
         && tls.fatal
     {
         return Error::fatal(format!("{context}: {tls}"), tls.hint.clone());
     }
     // tokio-postgres's own words when the server answers 'N' to the SSLRequest.
     if cause.is_some_and(|c| c.to_string().contains("server does not support TLS")) {
-        let tls = tls::TlsError::not_supported(source.tls.mode);
+        let tls = pgtls::TlsError::not_supported(source.tls.mode);
         return Error::fatal(format!("{context}: {tls}"), tls.hint);
     }
     if let Some(db) = e.as_db_error()
@@ -119,7 +120,7 @@ fn connect_error(source: &SourceConfig, e: tokio_postgres::Error) -> Error {
     {
         return Error::fatal(
             format!("{context}: {}: {}", db.severity(), db.message()),
-            tls::NEEDS_TLS_HINT,
+            pgtls::NEEDS_TLS_HINT,
         );
     }
     Error::postgres(context, e)

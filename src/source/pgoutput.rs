@@ -18,26 +18,8 @@
 
 use bytes::{Buf, Bytes};
 
+use crate::error::DecodeError;
 use crate::lsn::Lsn;
-
-/// Why a pgoutput message could not be decoded.
-#[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
-    #[error("pgoutput message is truncated: it ends before the {what}")]
-    Truncated { what: &'static str },
-    #[error("unknown pgoutput message tag {:?} (0x{:02x})", char::from(*.0), .0)]
-    UnknownMessage(u8),
-    #[error("unknown tuple column kind {:?} (0x{:02x}); expected 'n', 'u', 't' or 'b'", char::from(*.0), .0)]
-    UnknownTupleKind(u8),
-    #[error("unexpected tuple marker {:?} (0x{found:02x}) in {context}", char::from(*.found))]
-    UnexpectedTupleMarker { context: &'static str, found: u8 },
-    #[error("the {what} is not valid UTF-8")]
-    InvalidUtf8 { what: &'static str },
-    #[error("negative length {len} for the {what}")]
-    NegativeLength { what: &'static str, len: i32 },
-    #[error("{count} unexpected byte(s) after the end of a {message} message")]
-    TrailingBytes { message: &'static str, count: usize },
-}
 
 /// One decoded pgoutput message.
 #[derive(Debug, Clone, PartialEq)]

@@ -43,9 +43,10 @@ use tokio_postgres::config::{Host, SslNegotiation};
 // Re-exported by tokio-postgres; the backend parsers' iterators implement it.
 use tokio_postgres::fallible_iterator::FallibleIterator;
 
-use super::tls::{NEEDS_TLS_HINT, TlsError, TlsSettings};
+use crate::error::ReplicationError;
 use crate::lsn;
 use crate::pgtime;
+use crate::pgtls::{NEEDS_TLS_HINT, TlsError, TlsSettings};
 use crate::sql::{quote_ident, quote_literal};
 
 /// Largest frame accepted. The server builds every message in a StringInfo,
@@ -63,52 +64,7 @@ const DEFAULT_PORT: u16 = 5432;
 /// does not know it.
 const COPY_BOTH_RESPONSE_TAG: u8 = b'W';
 
-#[derive(Debug, thiserror::Error)]
-pub enum ReplicationError {
-    #[error("cannot connect to {addr}: {source}")]
-    Connect {
-        addr: String,
-        source: std::io::Error,
-    },
-    #[error("I/O error on the replication connection: {0}")]
-    Io(#[from] std::io::Error),
-    /// TLS was refused: the certificate, or a server without TLS under
-    /// `sslmode=require` or stricter. Retrying will not help.
-    #[error("{}; hint: {}", .0.message, .0.hint)]
-    Tls(TlsError),
-    /// An ErrorResponse from the server. `code` is the SQLSTATE, e.g. 28P01 bad
-    /// password, 42704 missing slot, 55006 slot in use, 42501 no permission.
-    #[error("server error: {severity}: {message} (SQLSTATE {code}){}{}",
-        .detail.as_deref().map(|d| format!("; detail: {d}")).unwrap_or_default(),
-        .hint.as_deref().map(|h| format!("; hint: {h}")).unwrap_or_default())]
-    Server {
-        severity: String,
-        code: String,
-        message: String,
-        detail: Option<String>,
-        hint: Option<String>,
-    },
-    /// Something the configuration or the server asks for that this module does
-    /// not implement (TLS, an authentication method, ...), or a configuration
-    /// that cannot work at all (no host, no password). Retrying will not help.
-    #[error("unsupported: {0}")]
-    Unsupported(String),
-    /// The server sent something this module did not expect at that point.
-    #[error("protocol error: {0}")]
-    Protocol(String),
-    #[error("connection closed by the server")]
-    Closed,
-}
-
 impl ReplicationError {
-    /// The SQLSTATE of a server error, `None` for every other kind.
-    pub fn code(&self) -> Option<&str> {
-        match self {
-            ReplicationError::Server { code, .. } => Some(code),
-            _ => None,
-        }
-    }
-
     fn from_fields(mut fields: ErrorFields<'_>) -> Self {
         let mut severity_localized = None;
         let mut severity = None;
@@ -353,7 +309,7 @@ impl Target {
                 // Status updates are tiny and latency-sensitive (they release WAL
                 // on the server); do not let Nagle hold them back.
                 stream.set_nodelay(true).map_err(connect_err)?;
-                if tls.mode == super::tls::SslMode::Disable {
+                if tls.mode == crate::pgtls::SslMode::Disable {
                     let (r, w) = stream.into_split();
                     return Ok(Opened {
                         rd: Box::new(r),

@@ -7,7 +7,7 @@
 use tokio_postgres::Client;
 
 use crate::config::{SourceConfig, TableName};
-use crate::source::backfill::WATERMARK_TABLE;
+use crate::source::watermark::WATERMARK_TABLE;
 use crate::sql::quote_ident;
 use crate::{Error, Result};
 
@@ -113,7 +113,7 @@ pub async fn ensure_publication(client: &Client, source: &SourceConfig) -> Resul
                 .collect();
             have.sort();
             let mut want = source.tables.clone();
-            // A backfill's watermark table stays (see `backfill::WATERMARK_TABLE`).
+            // A backfill's watermark table stays (see `watermark::WATERMARK_TABLE`).
             let watermarks = TableName {
                 schema: WATERMARK_TABLE.0.to_string(),
                 name: WATERMARK_TABLE.1.to_string(),

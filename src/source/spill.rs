@@ -23,7 +23,7 @@ use std::io::{BufReader, BufWriter, ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::envelope::{Change, Op, RowSet, TableRef};
+use crate::archive::envelope::{Change, Op, RowSet, TableRef};
 use crate::{Error, Result};
 
 /// Rendered bytes of in-progress changes kept in memory before spilling.

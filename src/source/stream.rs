@@ -12,15 +12,15 @@ use std::sync::Arc;
 
 use tokio::sync::{Notify, mpsc};
 
-use crate::envelope::{Change, Op, RowSet, TableRef, table_hash};
+use crate::archive::envelope::{Change, Op, RowSet, TableRef, table_hash};
 use crate::lsn;
 use crate::row_identity::{KeyValue, RowHasher};
-use crate::source::backfill::WATERMARK_TABLE;
 use crate::source::catalog::{ColumnType, Render, TypeCatalog};
 use crate::source::pgoutput::{self, ColumnValue, LogicalMessage, OldTuple, Relation, TupleData};
 use crate::source::replication::{ReplicationMessage, ReplicationStream};
 use crate::source::spill::{Drain, MEMORY_BUDGET, StreamBuffers};
 use crate::source::types;
+use crate::source::watermark::{MESSAGE_PREFIX, WATERMARK_TABLE};
 use crate::{Error, Result};
 
 /// What the source tells the pipeline, in stream order.
@@ -48,9 +48,6 @@ pub enum SourceEvent {
         commit_ts: i64,
     },
 }
-
-/// The prefix of waltail's logical messages (`pg_logical_emit_message`).
-pub const MESSAGE_PREFIX: &str = "waltail";
 
 /// A table's columns, types, key and replica identity, as JSON members
 /// (`"columns":[...],"replica_identity":"..."`): the same shape always gives
@@ -106,7 +103,7 @@ pub struct Decoder {
     streams: StreamBuffers,
     emitting: Option<Emitting>,
     /// Relations that are the backfill watermark table (servers before 14;
-    /// see `backfill::WATERMARK_TABLE`), with the place of their `content`
+    /// see `watermark::WATERMARK_TABLE`), with the place of their `content`
     /// column: an insert is a watermark, nothing of them is archived.
     watermark_rels: HashMap<u32, usize>,
 }
@@ -605,7 +602,7 @@ pub async fn run(
         let Some(msg) = msg else {
             return Err(Error::replication(
                 "reading the replication stream",
-                crate::source::replication::ReplicationError::Closed,
+                crate::error::ReplicationError::Closed,
             ));
         };
         if let ReplicationMessage::Keepalive {

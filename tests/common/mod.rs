@@ -403,7 +403,7 @@ pub struct Object {
 
 /// Whether `key` names an archive object (`.ndjson`, plain or compressed).
 pub fn is_archive_object(key: &str) -> bool {
-    waltail::sink::codec::Codec::of_key(key)
+    waltail::archive::codec::Codec::of_key(key)
         .1
         .ends_with(".ndjson")
 }
@@ -412,7 +412,7 @@ pub fn is_archive_object(key: &str) -> bool {
 /// are not text.
 fn text_of(key: &str, bytes: bytes::Bytes) -> Option<String> {
     let bytes = if is_archive_object(key) {
-        waltail::sink::codec::Codec::decode(key, bytes).unwrap_or_else(|e| panic!("{key}: {e}"))
+        waltail::archive::codec::Codec::decode(key, bytes).unwrap_or_else(|e| panic!("{key}: {e}"))
     } else {
         bytes
     };

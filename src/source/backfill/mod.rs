@@ -50,27 +50,12 @@ use tokio_postgres::Client;
 use crate::config::{SourceConfig, TableName};
 use crate::source::catalog::TypeCatalog;
 use crate::source::pgoutput::{Column, Relation};
-use crate::source::stream::{MESSAGE_PREFIX, TableShape};
+use crate::source::stream::TableShape;
+use crate::source::watermark::{
+    MESSAGE_PREFIX, MESSAGES_VERSION, WATERMARK_TABLE, watermark_table,
+};
 use crate::sql::{quote_ident, quote_literal};
 use crate::{Error, Result};
-
-/// The first server version whose pgoutput passes logical messages on;
-/// older servers get their watermarks through [`WATERMARK_TABLE`].
-pub const MESSAGES_VERSION: i64 = 140000;
-/// The table whose rows are the watermarks on servers older than
-/// [`MESSAGES_VERSION`] (schema, name): created by the first backfill,
-/// shared by every pipeline of the database (a watermark names its
-/// pipeline).
-pub const WATERMARK_TABLE: (&str, &str) = ("public", "waltail_watermarks");
-
-/// The watermark table's name, quoted for SQL.
-pub fn watermark_table() -> String {
-    format!(
-        "{}.{}",
-        quote_ident(WATERMARK_TABLE.0),
-        quote_ident(WATERMARK_TABLE.1)
-    )
-}
 
 /// What a backfill can use on the source server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -680,6 +665,6 @@ pub fn configured_table(tables: &[TableName], arg: &str) -> Result<TableName> {
 }
 
 /// For the schema record: the table as the envelope names it.
-pub fn table_ref(schema: &str, table: &str) -> Arc<crate::envelope::TableRef> {
-    Arc::new(crate::envelope::TableRef::new(schema, table))
+pub fn table_ref(schema: &str, table: &str) -> Arc<crate::archive::envelope::TableRef> {
+    Arc::new(crate::archive::envelope::TableRef::new(schema, table))
 }

@@ -23,6 +23,10 @@
 //! Even when the certificate is not checked, the handshake signatures are,
 //! so the session is encrypted to whoever holds the certificate's key.
 //! Unix-socket connections never use TLS (libpq ignores sslmode there too).
+//!
+//! It sits below the configuration rather than inside `source`: the
+//! configuration builds these settings while it reads `source.url`, so a
+//! missing or unreadable `sslrootcert` is refused before anything connects.
 
 use std::io;
 use std::path::{Path, PathBuf};

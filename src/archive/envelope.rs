@@ -44,6 +44,18 @@ impl Op {
             Op::Read => "read",
         }
     }
+
+    /// The op a line's `"op"` names, as [`Op::as_str`] writes it.
+    pub fn parse(name: &str) -> Option<Op> {
+        Some(match name {
+            "insert" => Op::Insert,
+            "update" => Op::Update,
+            "delete" => Op::Delete,
+            "truncate" => Op::Truncate,
+            "read" => Op::Read,
+            _ => return None,
+        })
+    }
 }
 
 /// A table as the envelope names it, with its JSON form computed once.

@@ -6,7 +6,9 @@
 
 use std::fmt;
 
-use crate::source::replication::ReplicationError;
+mod replication;
+
+pub use replication::{DecodeError, ReplicationError};
 
 /// Library result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -36,7 +38,7 @@ pub enum Error {
 
     /// The server sent a pgoutput message we cannot decode.
     #[error("cannot decode a pgoutput message: {0}")]
-    Decode(#[from] crate::source::pgoutput::DecodeError),
+    Decode(#[from] DecodeError),
 
     /// A request to the destination failed. Displayed condensed (status,
     /// S3 error code and message), not with the raw XML body.

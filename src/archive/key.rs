@@ -1,5 +1,7 @@
-//! Object key layout: `[prefix/]YYYY/MM/DD/<pipeline>-<firstSeq>-<lastSeq>.ndjson`,
-//! then `.gz` or `.zst` when the object is compressed (see [`super::codec`]).
+//! Object keys, written and parsed back in one place:
+//! `[prefix/]YYYY/MM/DD/<pipeline>-<firstSeq>-<lastSeq>.ndjson`, then `.gz`
+//! or `.zst` when the object is compressed (see [`super::codec`]); schema
+//! records under `_schemas/`.
 //!
 //! The date is the UTC commit date of the batch's first change, never the
 //! wall clock, so a retry after midnight writes the same key (DESIGN.md,
@@ -76,6 +78,40 @@ pub fn check_key(prefix: Option<&str>) -> String {
     }
 }
 
+/// `key` joined under the optional prefix.
+pub fn under(prefix: Option<&str>, key: &str) -> String {
+    match prefix {
+        Some(p) => format!("{p}/{key}"),
+        None => key.to_string(),
+    }
+}
+
+/// Parses an archive key relative to the prefix:
+/// `YYYY/MM/DD/<pipeline>-<a>-<b>.ndjson`, plain or compressed (`.gz`,
+/// `.zst`).
+pub fn parse_key(relative: &str, pipeline: &str) -> Option<(String, u64, u64)> {
+    let mut parts = relative.split('/');
+    let (y, m, d, name) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some()
+        || y.len() != 4
+        || m.len() != 2
+        || d.len() != 2
+        || ![y, m, d]
+            .iter()
+            .all(|p| p.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return None;
+    }
+    let range = Codec::of_key(name)
+        .1
+        .strip_suffix(".ndjson")?
+        .strip_prefix(pipeline)?
+        .strip_prefix('-')?;
+    let (a, b) = range.split_once('-')?;
+    let (first, last) = (a.parse().ok()?, b.parse().ok()?);
+    (first <= last).then(|| (format!("{y}-{m}-{d}"), first, last))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,5 +172,35 @@ mod tests {
         }
         // Distinct names, distinct keys.
         assert_ne!(k("public.a%2Fb"), k("public.a/b"));
+    }
+
+    #[test]
+    fn keys_parse_only_for_this_pipeline() {
+        assert_eq!(
+            parse_key("2024/03/01/orders-1-100.ndjson", "orders"),
+            Some(("2024-03-01".into(), 1, 100))
+        );
+        assert_eq!(parse_key("2024/03/01/other-1-100.ndjson", "orders"), None);
+        for compressed in [
+            "2024/03/01/orders-1-100.ndjson.gz",
+            "2024/03/01/orders-1-100.ndjson.zst",
+        ] {
+            assert_eq!(
+                parse_key(compressed, "orders"),
+                Some(("2024-03-01".into(), 1, 100))
+            );
+        }
+        assert_eq!(
+            parse_key("2024/03/01/orders-1-100.ndjson.bz2", "orders"),
+            None
+        );
+        assert_eq!(parse_key("2024/03/01/orders-1-100.gz", "orders"), None);
+        assert_eq!(
+            parse_key("2024/03/01/orders-eu-1-100.ndjson", "orders"),
+            None
+        );
+        assert_eq!(parse_key("parquet/public/orders/x.parquet", "orders"), None);
+        assert_eq!(parse_key("2024/03/01/orders-9-1.ndjson", "orders"), None);
+        assert_eq!(parse_key("2024/3/01/orders-1-1.ndjson", "orders"), None);
     }
 }
