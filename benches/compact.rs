@@ -35,6 +35,7 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use parquet::arrow::ArrowWriter;
+use waltail::archive::schema::{RecordColumn, SchemaRecord};
 use waltail::compact::change::TypedChange;
 use waltail::compact::columns::change_batch;
 use waltail::compact::history::{history_columns, history_schema, writer_properties};
@@ -42,7 +43,7 @@ use waltail::compact::latest::{MergeInput, merge_bucket};
 use waltail::compact::line::Shapes;
 use waltail::compact::read::type_line;
 use waltail::compact::spool::{self, Spool};
-use waltail::compact::typing::{RecordColumn, SchemaRecord, TableShape};
+use waltail::compact::typing::TableShape;
 use waltail::config::CompactConfig;
 use waltail::lsn;
 

@@ -27,7 +27,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::archive::codec::Codec;
 use crate::archive::envelope;
-use crate::archive::key;
+use crate::archive::{self, key};
 use crate::backoff::Backoff;
 use crate::batch::{Batch, Batcher, Cut};
 use crate::checkpoint::{self, Checkpoint, Chunk, Cursor, ParkStatus, Parked, Progress};
@@ -42,7 +42,7 @@ use crate::sink::Sink;
 use crate::source::backfill::{self, CANCEL_CHUNK, Mark, Passed, Watermark, driver::Driver};
 use crate::source::catalog::TypeCatalog;
 use crate::source::replication::{FeedbackSender, ReplicationConnection};
-use crate::source::stream::{self, Decoder, SchemaRecord, SourceEvent};
+use crate::source::stream::{self, Decoder, SourceEvent, TableSchema};
 use crate::source::{self, setup};
 use crate::sql::quote_ident;
 use crate::telemetry::{LagWatch, METRICS};
@@ -972,7 +972,7 @@ impl Pipeline<'_> {
     ) -> Result<u64> {
         let table = backfill::table_ref(&chunk.schema, &chunk.table);
         if let Some(members) = &chunk.members {
-            self.schema(SchemaRecord {
+            self.schema(TableSchema {
                 table: table.clone(),
                 members: members.clone(),
             })
@@ -1022,7 +1022,7 @@ impl Pipeline<'_> {
     /// `[prefix/]_schemas/<schema>.<table>/<n>.json`, before any change in
     /// that shape can be confirmed. Versions are numbered by first sight and
     /// recognised by content, so a restart rewrites the same key and bytes.
-    async fn schema(&mut self, record: SchemaRecord) -> Result<()> {
+    async fn schema(&mut self, record: TableSchema) -> Result<()> {
         let table = &record.table.name;
         let fingerprint =
             uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, record.members.as_bytes()).to_string();
@@ -1034,10 +1034,7 @@ impl Pipeline<'_> {
             return Ok(());
         }
         let version = self.checkpoint.next_schema_version(table)?;
-        let body = format!(
-            "{{\"table\":{},\"version\":{version},{}}}\n",
-            record.table.json, record.members
-        );
+        let body = archive::schema::body(&record.table, version, &record.members);
         let key = key::schema_key(self.prefix.as_deref(), table, version);
         self.delivery
             .put_now(&key, bytes::Bytes::from(body), "application/json")

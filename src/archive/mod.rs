@@ -6,6 +6,7 @@
 //! - [`key`]: where an object or a schema record lives, formatted by the
 //!   writer and parsed by the listings.
 //! - [`codec`]: how an object's bytes are encoded, named by its key's suffix.
+//! - [`schema`]: a table's columns and types, one record per shape.
 //!
 //! Nothing here talks to Postgres or a store, so every module above can use
 //! it and it uses none of them.
@@ -13,3 +14,4 @@
 pub mod codec;
 pub mod envelope;
 pub mod key;
+pub mod schema;

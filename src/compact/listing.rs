@@ -9,9 +9,9 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
-use super::typing::SchemaRecord;
 use crate::archive::codec::Codec;
 use crate::archive::key::{parse_key, under};
+use crate::archive::schema::SchemaRecord;
 use crate::backoff::Backoff;
 use crate::error::Disposition;
 use crate::{Error, Result};

@@ -57,6 +57,7 @@ use self::latest::{MergeInput, merge_bucket};
 use self::plan::{Plan, plan_files};
 use self::task::Task;
 use self::typing::TableShape;
+use crate::archive::schema::SchemaRecord;
 use crate::config::Config;
 use crate::sink::Sink;
 use crate::{Error, Result};
@@ -799,7 +800,7 @@ fn bucket_count(
 /// The tables a run compacts: the named ones (each must have a schema
 /// record), or every table with one.
 fn select_tables(
-    schemas: &BTreeMap<String, Vec<typing::SchemaRecord>>,
+    schemas: &BTreeMap<String, Vec<SchemaRecord>>,
     named: &[String],
 ) -> Result<BTreeSet<String>> {
     if named.is_empty() {
@@ -835,7 +836,7 @@ fn select_tables(
 /// The shapes of the run's tables, checked against what earlier runs wrote:
 /// a column's type may only widen.
 fn shapes(
-    schemas: &BTreeMap<String, Vec<typing::SchemaRecord>>,
+    schemas: &BTreeMap<String, Vec<SchemaRecord>>,
     tables: &[String],
     compacted: &BTreeMap<String, compacted::TableEntry>,
 ) -> Result<line::Shapes> {
@@ -958,8 +959,9 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::typing::{Column, Kind, RecordColumn, SchemaRecord};
+    use super::typing::{Column, Kind};
     use super::*;
+    use crate::archive::schema::{RecordColumn, SchemaRecord};
     use object_store::ObjectStoreExt;
     use object_store::path::Path as ObjectPath;
 

@@ -29,25 +29,7 @@ use chrono::{DateTime, Datelike, NaiveDate, NaiveDateTime};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// One schema record, `[prefix/]_schemas/<schema>.<table>/<n>.json`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct SchemaRecord {
-    pub table: String,
-    pub version: u32,
-    pub columns: Vec<RecordColumn>,
-    pub replica_identity: String,
-}
-
-/// A column as a schema record describes it.
-#[derive(Debug, Clone, Deserialize)]
-pub struct RecordColumn {
-    pub name: String,
-    #[serde(rename = "type")]
-    pub type_name: String,
-    pub type_oid: u32,
-    pub type_modifier: i32,
-    pub key: bool,
-}
+use crate::archive::schema::SchemaRecord;
 
 /// The Parquet/Arrow type a column is written as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -697,6 +679,7 @@ pub fn read_cells(kind: Kind, array: &ArrayRef) -> Result<Vec<Cell>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::archive::schema::RecordColumn;
     use serde_json::json;
 
     #[test]

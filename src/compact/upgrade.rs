@@ -27,8 +27,9 @@ use serde::Deserialize;
 use super::compacted::{UNREADABLE_FIX, date_txns, history_first_seq, table_folder};
 use super::delta::{self, DataFile, Location, Role};
 use super::history::table_dir;
-use super::typing::{Column, SchemaRecord, TableShape};
+use super::typing::{Column, TableShape};
 use crate::archive::key::under;
+use crate::archive::schema::SchemaRecord;
 use crate::{Error, Result};
 
 /// Where the earlier releases kept their progress, under the prefix.

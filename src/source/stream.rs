@@ -13,6 +13,7 @@ use std::sync::Arc;
 use tokio::sync::{Notify, mpsc};
 
 use crate::archive::envelope::{Change, Op, RowSet, TableRef, table_hash};
+use crate::archive::schema::{self, RecordColumn};
 use crate::lsn;
 use crate::row_identity::{KeyValue, RowHasher};
 use crate::source::catalog::{ColumnType, Render, TypeCatalog};
@@ -39,7 +40,7 @@ pub enum SourceEvent {
     },
     /// A table's shape as of the changes that follow (sent by the server
     /// before the first change of a table in a session, and after DDL).
-    Schema(SchemaRecord),
+    Schema(TableSchema),
     /// A transactional logical message with waltail's prefix (a backfill
     /// watermark), at its place among the transaction's changes.
     Watermark {
@@ -49,11 +50,11 @@ pub enum SourceEvent {
     },
 }
 
-/// A table's columns, types, key and replica identity, as JSON members
-/// (`"columns":[...],"replica_identity":"..."`): the same shape always gives
-/// the same bytes, so the pipeline can tell versions apart by content.
+/// A table's columns, types, key and replica identity as first seen, ready
+/// to be recorded: `members` is [`schema::members`]' bytes, the same for
+/// the same shape, so the pipeline can tell versions apart by content.
 #[derive(Debug, Clone)]
-pub struct SchemaRecord {
+pub struct TableSchema {
     pub table: Arc<TableRef>,
     pub members: String,
 }
@@ -425,7 +426,7 @@ pub struct TableShape(RelationInfo);
 
 impl TableShape {
     /// `rel` as the server's Relation message would describe the table.
-    pub fn new(rel: &Relation, types: &[Arc<ColumnType>]) -> (TableShape, SchemaRecord) {
+    pub fn new(rel: &Relation, types: &[Arc<ColumnType>]) -> (TableShape, TableSchema) {
         let (info, schema) = relation_info(rel, types);
         (TableShape(info), schema)
     }
@@ -455,9 +456,9 @@ impl TableShape {
     }
 }
 
-fn relation_info(rel: &Relation, types: &[Arc<ColumnType>]) -> (RelationInfo, SchemaRecord) {
+fn relation_info(rel: &Relation, types: &[Arc<ColumnType>]) -> (RelationInfo, TableSchema) {
     let table = Arc::new(TableRef::new(&rel.namespace, &rel.name));
-    let mut members = String::from("\"columns\":[");
+    let mut described = Vec::with_capacity(rel.columns.len());
     let columns: Vec<ColumnInfo> = rel
         .columns
         .iter()
@@ -469,17 +470,13 @@ fn relation_info(rel: &Relation, types: &[Arc<ColumnType>]) -> (RelationInfo, Sc
                 Some(t) => (t.name.clone(), t.render),
                 None => (format!("oid:{}", c.type_oid), Render::Builtin(c.type_oid)),
             };
-            if i > 0 {
-                members.push(',');
-            }
-            members.push_str(&format!(
-                "{{\"name\":{},\"type\":{},\"type_oid\":{},\"type_modifier\":{},\"key\":{}}}",
-                String::from_utf8_lossy(&key_json),
-                serde_json::Value::from(type_name),
-                c.type_oid,
-                c.type_modifier,
-                c.is_key()
-            ));
+            described.push(RecordColumn {
+                name: c.name.clone(),
+                type_name,
+                type_oid: c.type_oid,
+                type_modifier: c.type_modifier,
+                key: c.is_key(),
+            });
             key_json.push(b':');
             ColumnInfo {
                 key_json,
@@ -494,7 +491,7 @@ fn relation_info(rel: &Relation, types: &[Arc<ColumnType>]) -> (RelationInfo, Sc
         b'n' => "nothing",
         _ => "default",
     };
-    members.push_str(&format!("],\"replica_identity\":\"{identity}\""));
+    let members = schema::members(&described, identity);
     let has_key = columns.iter().any(|c| c.is_key);
     (
         RelationInfo {
@@ -502,7 +499,7 @@ fn relation_info(rel: &Relation, types: &[Arc<ColumnType>]) -> (RelationInfo, Sc
             columns,
             has_key,
         },
-        SchemaRecord { table, members },
+        TableSchema { table, members },
     )
 }
 
