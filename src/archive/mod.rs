@@ -7,11 +7,15 @@
 //!   writer and parsed by the listings.
 //! - [`codec`]: how an object's bytes are encoded, named by its key's suffix.
 //! - [`schema`]: a table's columns and types, one record per shape.
+//! - [`listing`]: what an archive holds (its objects by seq range and date,
+//!   its schema records), and reading an object back, for `compact` and
+//!   `query` alike.
 //!
-//! Nothing here talks to Postgres or a store, so every module above can use
-//! it and it uses none of them.
+//! Only `listing` reads a store (through `object_store`); nothing here talks
+//! to Postgres or imports a stage, so every module above can use it.
 
 pub mod codec;
 pub mod envelope;
 pub mod key;
+pub mod listing;
 pub mod schema;

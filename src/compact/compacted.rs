@@ -10,8 +10,8 @@ use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::delta::{self, Location, Published, Role};
 use super::history::table_dir;
-use super::listing::Resume;
 use super::typing::{Column, TableShape};
+use crate::archive::listing::Resume;
 use crate::{Error, Result};
 
 /// What to do when a file a table's log lists cannot be read.
@@ -24,7 +24,7 @@ pub struct TableEntry {
     pub next_seq: u64,
     /// The date folder (`YYYY-MM-DD`) of the last object compacted, so
     /// that readers list only the date folders from there on (see
-    /// [`super::listing::list_archive`]).
+    /// [`crate::archive::listing::list_archive`]).
     pub next_date: Option<String>,
     /// The columns as written, in order, with their types: a later run
     /// checks that its types widen these.
@@ -206,7 +206,7 @@ pub async fn log_moved(
 
 /// Where the NDJSON after every one of `tables` continues, if their Delta
 /// logs know it for each: the lowest `next_seq`, with the earliest date
-/// (see [`super::listing::list_archive`]).
+/// (see [`crate::archive::listing::list_archive`]).
 pub fn resume_for<'a>(
     compacted: &BTreeMap<String, TableEntry>,
     tables: impl IntoIterator<Item = &'a String>,

@@ -190,7 +190,7 @@ impl Upload {
                 // Should a response be lost, a retry starts a second upload
                 // and the first is never completed: a bucket lifecycle rule
                 // on incomplete uploads removes it (see docs/compaction.md).
-                let id = super::listing::retrying(|| async {
+                let id = crate::archive::listing::retrying(|| async {
                     store
                         .create_multipart(path)
                         .await
@@ -217,7 +217,7 @@ impl Upload {
         let index = upload.done.len() + upload.sending.len();
         let (store, path, id) = (Arc::clone(store), path.clone(), upload.id.clone());
         upload.sending.push_back(Task::spawn(async move {
-            super::listing::retrying(|| async {
+            crate::archive::listing::retrying(|| async {
                 store
                     .put_part(&path, &id, index, part.clone())
                     .await
@@ -278,7 +278,8 @@ impl Upload {
             (Some(_), Some(store)) => Arc::clone(store),
             _ => {
                 let body = std::mem::take(&mut self.buffer).freeze();
-                return super::listing::put(self.output.store.as_ref(), &self.path, body).await;
+                return crate::archive::listing::put(self.output.store.as_ref(), &self.path, body)
+                    .await;
             }
         };
         if !self.buffer.is_empty() {
@@ -291,7 +292,7 @@ impl Upload {
         let (path, store) = (&self.path, &store);
         let (id, parts) = (&upload.id, &upload.done);
         let mut tries = 0;
-        let completed = super::listing::retrying(|| {
+        let completed = crate::archive::listing::retrying(|| {
             tries += 1;
             async move {
                 store
@@ -339,7 +340,7 @@ impl Multipart {
         self.completed = true;
         // Parts still being sent stop first (dropping a Task aborts it).
         self.sending.clear();
-        let aborted = super::listing::retrying(|| async {
+        let aborted = crate::archive::listing::retrying(|| async {
             match self.store.abort_multipart(path, &self.id).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
                 Err(e) => Err(Error::store("abort the upload of", path.to_string(), e)),

@@ -13,7 +13,7 @@
 //!   version of its last commit, see [`super::compacted`]): a run that
 //!   stopped before its commit left nothing a reader or the next run sees.
 
-use super::listing::ArchiveObject;
+use crate::archive::listing::ArchiveObject;
 
 /// What a run compacts, fixed before anything is written.
 #[derive(Debug, Clone, PartialEq)]

@@ -15,10 +15,10 @@ use chrono::{DateTime, Utc};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
+use crate::archive::listing::{self, Resume};
 use crate::compact::compacted;
 use crate::compact::compacted::TableEntry;
 use crate::compact::delta::Location;
-use crate::compact::listing::{self, Resume};
 use crate::compact::typing::TableShape;
 use crate::{Error, Result};
 

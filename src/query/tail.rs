@@ -30,9 +30,9 @@ use object_store::ObjectStore;
 use serde_json::Value;
 
 use super::catalog::{Archive, Object};
+use crate::archive::listing;
 use crate::compact::change::TypedChange;
 use crate::compact::history::{history_columns, history_schema};
-use crate::compact::listing;
 use crate::compact::read::{Envelope, type_change};
 use crate::compact::typing::TableShape;
 use crate::{Error, Result};
