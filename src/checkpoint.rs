@@ -1139,35 +1139,6 @@ impl Checkpoint {
     }
 }
 
-/// The batches of `parked` (seq order) that may be delivered now: replay
-/// requests, and held batches none of whose rows (or truncated tables, see
-/// [`row_identity::Holds`]) belongs to a batch still parked or being
-/// replayed, or to an earlier held batch that must still wait. Per-row
-/// order is kept because a held batch leaves only when every
-/// earlier batch on its rows is written.
-pub fn releasable(parked: &[Parked]) -> Vec<u64> {
-    let mut blocked = row_identity::Holds::default();
-    for p in parked.iter().filter(|p| p.status != ParkStatus::Held) {
-        blocked.add(&p.rows, p.table_hashes());
-    }
-    let mut out = Vec::new();
-    for p in parked {
-        match p.status {
-            ParkStatus::Parked => {}
-            ParkStatus::Replay => out.push(p.first_seq),
-            ParkStatus::Held => {
-                let tables = p.table_hashes();
-                if blocked.conflicts(&p.rows, tables.iter().copied()) {
-                    blocked.add(&p.rows, tables);
-                } else {
-                    out.push(p.first_seq);
-                }
-            }
-        }
-    }
-    out
-}
-
 /// Creates the state folder readable by its owner only: it tells where the
 /// pipeline stands, and later holds parked changes.
 fn create_private_dir(dir: &Path) -> Result<()> {
@@ -1456,19 +1427,6 @@ mod tests {
         assert_eq!(cp.parked().unwrap()[0].status, ParkStatus::Replay);
         cp.unpark(1).unwrap();
         assert!(cp.parked().unwrap().is_empty());
-    }
-
-    #[test]
-    fn held_batches_leave_only_when_nothing_before_them_on_their_rows_waits() {
-        let all = vec![
-            parked(1, &[1], ParkStatus::Parked),
-            parked(11, &[2], ParkStatus::Replay),
-            parked(21, &[1, 3], ParkStatus::Held), // behind parked row 1
-            parked(31, &[3], ParkStatus::Held),    // behind the held batch on row 3
-            parked(41, &[2], ParkStatus::Held),    // behind a batch being replayed: waits for it
-            parked(51, &[4], ParkStatus::Held),
-        ];
-        assert_eq!(releasable(&all), vec![11, 51]);
     }
 
     #[test]

@@ -30,14 +30,14 @@ use crate::archive::envelope;
 use crate::archive::{self, key};
 use crate::backoff::Backoff;
 use crate::batch::{Batch, Batcher, Cut};
-use crate::checkpoint::{self, Checkpoint, Chunk, Cursor, ParkStatus, Parked, Progress};
+use crate::checkpoint::{Checkpoint, Chunk, Cursor, ParkStatus, Parked, Progress};
 use crate::config::Config;
 use crate::console::{Fate, JOURNAL};
+use crate::delivery::parking::ParkingLot;
 use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
 use crate::error::Disposition;
 use crate::lsn;
 use crate::pgtime;
-use crate::row_identity::Holds;
 use crate::sink::Sink;
 use crate::source::backfill::{self, CANCEL_CHUNK, Mark, Passed, Watermark, driver::Driver};
 use crate::source::catalog::TypeCatalog;
@@ -337,9 +337,7 @@ async fn session(
         pipeline: config.pipeline.clone(),
         prefix: sink.prefix().map(str::to_string),
         compression: config.compression,
-        blocked: Holds::default(),
-        released: VecDeque::new(),
-        releasing: HashSet::new(),
+        parking: ParkingLot::default(),
         data_version,
         delivery,
         batcher,
@@ -574,13 +572,9 @@ struct Pipeline<'a> {
     prefix: Option<String>,
     /// `destination.compression`, for batches that have no codec yet.
     compression: Codec,
-    /// Rows of parked and held batches: a new batch touching one (or the
-    /// table of a truncate among them) is held behind them.
-    blocked: Holds,
-    /// Batches from the parked table cleared to leave, in seq order.
-    released: VecDeque<Batch>,
-    /// First seqs of the parked-table batches queued or in flight.
-    releasing: HashSet<u64>,
+    /// Which rows new batches must not pass, and which parked-table
+    /// batches may leave.
+    parking: ParkingLot,
     /// The state's data version when last checked for replay requests.
     data_version: i64,
     delivery: Delivery,
@@ -667,7 +661,7 @@ impl Pipeline<'_> {
                     if stopping.is_none() {
                         tracing::info!("stopping: writing the batches in hand, then confirming");
                         stopping = Some(Ended::Shutdown);
-                        self.stop_releasing();
+                        self.parking.stop();
                         self.cut_partial()?;
                     }
                 }
@@ -709,7 +703,7 @@ impl Pipeline<'_> {
                         source_open = false;
                         if stopping.is_none() {
                             stopping = Some(Ended::SourceClosed);
-                            self.stop_releasing();
+                            self.parking.stop();
                             self.cut_partial()?;
                         }
                     }
@@ -1106,10 +1100,10 @@ impl Pipeline<'_> {
     /// behind it instead. Returns when the rate limit next allows a batch,
     /// if that is what holds them.
     fn dispatch(&mut self) -> Result<Option<Instant>> {
-        while let Some(batch) = self.released.front() {
+        while let Some(batch) = self.parking.next() {
             match self.delivery.can_start(batch) {
                 Ok(()) => {
-                    let batch = self.released.pop_front().expect("front exists");
+                    let batch = self.parking.take().expect("next exists");
                     self.delivery.start(batch);
                 }
                 Err(Wait::Busy) => break,
@@ -1117,7 +1111,7 @@ impl Pipeline<'_> {
             }
         }
         while let Some(batch) = self.waiting.front() {
-            if self.blocked.conflicts(&batch.rows, batch.table_hashes()) {
+            if self.parking.blocks(batch) {
                 let batch = self.pop_waiting();
                 self.hold(batch)?;
                 continue;
@@ -1169,7 +1163,7 @@ impl Pipeline<'_> {
                 ParkStatus::Held => METRICS.held_batches.fetch_add(1, Relaxed),
                 _ => METRICS.parked_batches.fetch_add(1, Relaxed),
             };
-            self.blocked.add(&batch.rows, batch.table_hashes());
+            self.parking.parked(batch);
             self.frontier.mark(batch.first_seq, batch.last_seq);
             self.advance();
         }
@@ -1196,7 +1190,7 @@ impl Pipeline<'_> {
              Replay it with `waltail parked replay {}`", batch.first_seq
         );
         if batch.from_parked {
-            self.releasing.remove(&batch.first_seq);
+            self.parking.settled(batch.first_seq);
         }
         self.store_parked(&batch, ParkStatus::Parked, attempts, Some(error))
     }
@@ -1220,7 +1214,7 @@ impl Pipeline<'_> {
         }
         if batch.from_parked {
             self.checkpoint.unpark(batch.first_seq)?;
-            self.releasing.remove(&batch.first_seq);
+            self.parking.settled(batch.first_seq);
             tracing::info!(key = %batch.key, "delivered a parked or held batch");
             self.release()?;
         } else {
@@ -1239,13 +1233,6 @@ impl Pipeline<'_> {
         Ok(())
     }
 
-    /// Parked-table batches not yet started stay there for the next start.
-    fn stop_releasing(&mut self) {
-        for b in self.released.drain(..) {
-            self.releasing.remove(&b.first_seq);
-        }
-    }
-
     /// Re-reads the parked table: recomputes the blocked rows and queues the
     /// batches that may now leave (replay requests, then held batches whose
     /// rows are clear).
@@ -1259,31 +1246,7 @@ impl Pipeline<'_> {
         METRICS
             .parked_batches
             .store(parked.len() as i64 - held, Relaxed);
-        self.blocked.clear();
-        for p in &parked {
-            self.blocked.add(&p.rows, p.table_hashes());
-        }
-        let ready: HashSet<u64> = checkpoint::releasable(&parked).into_iter().collect();
-        for p in parked {
-            if !ready.contains(&p.first_seq) || !self.releasing.insert(p.first_seq) {
-                continue;
-            }
-            tracing::info!(id = p.first_seq, key = %p.key, status = p.status.as_str(), "delivering a parked-table batch");
-            let tables = p.tables();
-            self.released.push_back(Batch {
-                first_seq: p.first_seq,
-                last_seq: p.last_seq,
-                commit_ts: 0,
-                body: p.body,
-                rows: p.rows.iter().copied().collect(),
-                tables,
-                recorded: true,
-                from_parked: true,
-                key: p.key,
-                // Its key and stored bytes are already encoded.
-                codec: None,
-            });
-        }
+        self.parking.reload(parked);
         Ok(())
     }
 

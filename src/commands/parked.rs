@@ -13,6 +13,7 @@ use bytes::Bytes;
 
 use crate::checkpoint::{self, Checkpoint, ParkStatus};
 use crate::config::Config;
+use crate::delivery::parking;
 use crate::delivery::{RetryPolicy, put_with_retry};
 use crate::error::Report;
 use crate::pipeline::lock_pipeline;
@@ -135,7 +136,7 @@ async fn deliver_here(config: &Config, cp: &mut Checkpoint) -> Result<ExitCode> 
     let mut failed = false;
     loop {
         let parked = cp.parked()?;
-        let ready = checkpoint::releasable(&parked);
+        let ready = parking::releasable(&parked);
         if ready.is_empty() {
             break;
         }

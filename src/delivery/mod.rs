@@ -7,6 +7,7 @@
 //! error that no batch can get past (credentials refused, bucket missing)
 //! ends delivery with `Err`, and the pipeline stops.
 
+pub mod parking;
 pub mod retry;
 
 use std::time::Duration;
