@@ -18,7 +18,7 @@
 //! - session loss (Postgres restart, network): the session ends, the batches
 //!   in hand are written, and a new session resumes from the persisted cursor.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +39,9 @@ use crate::error::Disposition;
 use crate::lsn;
 use crate::pgtime;
 use crate::sink::Sink;
-use crate::source::backfill::{self, CANCEL_CHUNK, Mark, Passed, Watermark, driver::Driver};
+use crate::source::backfill::{
+    self, CANCEL_CHUNK, Mark, Passed, Watermark, driver::Driver, window::Windows,
+};
 use crate::source::catalog::TypeCatalog;
 use crate::source::replication::{FeedbackSender, ReplicationConnection};
 use crate::source::stream::{self, Decoder, SourceEvent, TableSchema};
@@ -354,7 +356,7 @@ async fn session(
         max_batch_bytes: config.delivery.max_batch_bytes,
         confirm: confirm_tx,
         stats: Stats::default(),
-        windows: BTreeMap::new(),
+        windows: Windows::default(),
         forget_at: None,
         backfill,
         chunks_done,
@@ -492,23 +494,6 @@ struct Pending {
     until: u64,
 }
 
-/// A backfill chunk between its low and high watermark in the stream.
-struct Window {
-    chunk: i64,
-    /// `schema.table` of the chunk's table.
-    table: String,
-    /// Rows of that table changed inside the window (row identity hashes).
-    changed: HashSet<u64>,
-    truncated: bool,
-    /// End LSN of the low watermark's transaction, once committed.
-    low_end: Option<u64>,
-    /// The high watermark came; its transaction's commit completes the chunk.
-    sent: Option<u64>,
-    /// The places of the chunk's rows left out at the high watermark (they
-    /// changed inside the window), recorded with the chunk when it completes.
-    skipped: Vec<u32>,
-}
-
 /// Seqs written so far: all up to `upto`, and ranges beyond it written out
 /// of order (uploads finish in any order).
 struct Frontier {
@@ -604,7 +589,7 @@ struct Pipeline<'a> {
     stats: Stats,
     /// The backfill chunks whose watermarks are being passed, by lane (one
     /// per reader of `backfill.parallelism`; their windows overlap).
-    windows: BTreeMap<u32, Window>,
+    windows: Windows,
     /// Chunk rows in the state can go once this LSN is confirmed.
     forget_at: Option<u64>,
     backfill: &'a mut Driver,
@@ -742,14 +727,7 @@ impl Pipeline<'_> {
             SourceEvent::Schema(record) => self.schema(record).await?,
             SourceEvent::Begin => self.open_txn = true,
             SourceEvent::Change(change) => {
-                for w in self.windows.values_mut() {
-                    if w.low_end.is_some() && w.sent.is_none() && change.table.name == w.table {
-                        match change.op {
-                            envelope::Op::Truncate => w.truncated = true,
-                            _ => w.changed.extend(change.rows.as_slice()),
-                        }
-                    }
-                }
+                self.windows.observe(&change);
                 self.push_change(&change)?;
             }
             SourceEvent::Watermark {
@@ -760,21 +738,11 @@ impl Pipeline<'_> {
             SourceEvent::Commit { end_lsn } => {
                 self.open_txn = false;
                 let last_seq = self.next_seq - 1;
-                let mut until = last_seq;
-                // A watermark is a transaction of its own, so at most one
-                // window opens or completes here.
-                let mut completed = None;
-                for (&lane, w) in self.windows.iter_mut() {
-                    if w.low_end.is_none() {
-                        // The low watermark's transaction: held until the
-                        // chunk's `read` events are written.
-                        w.low_end = Some(end_lsn);
-                        until = u64::MAX;
-                    } else if w.sent.is_some() {
-                        completed = Some(lane);
-                    }
-                }
-                if let Some(w) = completed.and_then(|lane| self.windows.remove(&lane)) {
+                let committed = self.windows.commit(end_lsn);
+                // A low watermark's transaction is held until the chunk's
+                // `read` events are written.
+                let until = if committed.low { u64::MAX } else { last_seq };
+                if let Some((lane, w)) = committed.completed {
                     // Recorded first: once the low watermark is released,
                     // the cursor may pass it, and a restart then finds the
                     // chunk done (see `watermark`).
@@ -782,7 +750,7 @@ impl Pipeline<'_> {
                     self.checkpoint
                         .complete_chunk(w.chunk, end_lsn, sent, &w.skipped)?;
                     self.hold_low(w.low_end, last_seq);
-                    self.report_chunk(completed.expect("removed"), w.chunk);
+                    self.report_chunk(lane, w.chunk);
                     self.forget_at = Some(end_lsn);
                 }
                 self.txns.push_back(Pending {
@@ -859,12 +827,12 @@ impl Pipeline<'_> {
                 // waiting for one of these chunks must not wait for a high
                 // watermark the stream will now ignore.
                 let closing: Vec<u32> = if mark.mark == Mark::Abort && mark.chunk == CANCEL_CHUNK {
-                    self.windows.keys().copied().collect()
+                    self.windows.lanes()
                 } else {
                     vec![lane]
                 };
                 for lane in closing {
-                    if let Some(w) = self.windows.remove(&lane) {
+                    if let Some(w) = self.windows.close(lane) {
                         tracing::debug!(chunk = w.chunk, lane, "backfill chunk given up");
                         self.hold_low(w.low_end, 0);
                         if mark.mark == Mark::Abort {
@@ -884,26 +852,11 @@ impl Pipeline<'_> {
                     );
                     return Ok(());
                 };
-                self.windows.insert(
-                    lane,
-                    Window {
-                        chunk: mark.chunk,
-                        table: backfill::table_ref(&chunk.schema, &chunk.table)
-                            .name
-                            .clone(),
-                        changed: HashSet::new(),
-                        truncated: false,
-                        low_end: None,
-                        sent: None,
-                        skipped: Vec::new(),
-                    },
-                );
+                let table = backfill::table_ref(&chunk.schema, &chunk.table);
+                self.windows.open(lane, mark.chunk, table.name.clone());
             }
             Mark::High => {
-                let open = self
-                    .windows
-                    .get(&lane)
-                    .is_some_and(|w| w.chunk == mark.chunk && w.low_end.is_some());
+                let open = self.windows.is_open(lane, mark.chunk);
                 let chunk = self.checkpoint.chunk(mark.chunk)?;
                 if !open {
                     // Windows overlap, so the cursor may be confirmed past
@@ -932,23 +885,17 @@ impl Pipeline<'_> {
                         chunk = mark.chunk,
                         "a backfill chunk's rows are missing from the local state; the chunk is read again"
                     );
-                    self.windows.get_mut(&lane).expect("checked").sent = Some(0);
+                    self.windows.sent(lane, 0, Vec::new());
                     return Ok(());
                 };
-                let w = self.windows.get(&lane).expect("checked");
                 let rows = self.checkpoint.chunk_rows(chunk.id)?;
-                let skipped: Vec<u32> = rows
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (hash, _))| w.truncated || w.changed.contains(hash))
-                    .map(|(ord, _)| ord as u32)
-                    .collect();
+                let skipped = self
+                    .windows
+                    .skipped(lane, rows.iter().map(|(hash, _)| *hash));
                 let sent = self
                     .emit_chunk(chunk, rows, &skipped, commit_lsn, commit_ts)
                     .await?;
-                let w = self.windows.get_mut(&lane).expect("checked");
-                w.sent = Some(sent);
-                w.skipped = skipped;
+                self.windows.sent(lane, sent, skipped);
             }
         }
         Ok(())

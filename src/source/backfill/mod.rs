@@ -39,6 +39,7 @@
 
 pub mod copy;
 pub mod driver;
+pub mod window;
 
 pub use copy::read_chunk;
 
