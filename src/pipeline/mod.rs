@@ -29,7 +29,7 @@ use crate::archive::codec::Codec;
 use crate::archive::envelope;
 use crate::archive::{self, key};
 use crate::backoff::Backoff;
-use crate::batch::{Batch, Batcher, Cut};
+use crate::batch::{Batch, Batcher, Cut, Intent};
 use crate::checkpoint::{Checkpoint, Chunk, Cursor, ParkStatus, Parked, Progress};
 use crate::config::Config;
 use crate::console::{Fate, JOURNAL};
@@ -299,70 +299,16 @@ async fn session(
         status_every,
     ));
 
-    let delivery = Delivery::new(
-        sink.clone(),
-        RetryPolicy {
-            max_attempts: config.delivery.max_attempts,
-            backoff: config.delivery.backoff.clone(),
-        },
-        config.delivery.max_in_flight,
-        config.delivery.rate_limit,
-    );
-    let namespace = envelope::pipeline_namespace(&config.pipeline);
-    let batcher = Batcher::new(
-        config.delivery.batch_size,
-        config.delivery.linger,
-        namespace,
-        intents,
-    )
-    .with_read_batch_size(config.backfill.batch_size)
-    .with_max_bytes(config.delivery.max_batch_bytes);
-    let parked = checkpoint.parked()?;
-    if !parked.is_empty() {
-        tracing::warn!(
-            batches = parked
-                .iter()
-                .filter(|p| p.status != ParkStatus::Held)
-                .count(),
-            held = parked
-                .iter()
-                .filter(|p| p.status == ParkStatus::Held)
-                .count(),
-            "batches are parked; `waltail parked list` shows them, `waltail parked replay` delivers them"
-        );
-    }
-    let data_version = checkpoint.data_version()?;
-    checkpoint.forget_chunks(cursor.confirmed_lsn)?;
-    backfill.poke(checkpoint)?;
-    let mut pipeline = Pipeline {
+    let mut pipeline = Pipeline::new(
+        config,
         checkpoint,
-        pipeline: config.pipeline.clone(),
-        prefix: sink.prefix().map(str::to_string),
-        compression: config.compression,
-        parking: ParkingLot::default(),
-        data_version,
-        delivery,
-        batcher,
-        next_seq: cursor.next_seq,
+        sink,
         cursor,
-        dirty: false,
-        done: Vec::new(),
-        frontier: Frontier::new(cursor.next_seq - 1),
-        txns: VecDeque::new(),
-        open_txn: false,
-        waiting: VecDeque::new(),
-        waiting_max: config.delivery.max_in_flight.max(1) * WAITING_PER_UPLOAD,
-        waiting_bytes: 0,
-        max_batch_bytes: config.delivery.max_batch_bytes,
-        confirm: confirm_tx,
-        stats: Stats::default(),
-        windows: Windows::default(),
-        forget_at: None,
+        intents,
+        confirm_tx,
         backfill,
         chunks_done,
-        lag: LagWatch::new(config.slot_lag_warn_bytes, &config.source.slot),
-    };
-    pipeline.release()?;
+    )?;
     let ended = pipeline.run(rx, shutdown).await;
     let _ = stop_feedback.send(());
     let feedback_result = feedback_task.await;
@@ -596,6 +542,91 @@ struct Pipeline<'a> {
     chunks_done: &'a watch::Sender<Passed>,
     /// Warns when the slot lag passes `telemetry.slot_lag_warn_bytes`.
     lag: LagWatch,
+}
+
+impl<'a> Pipeline<'a> {
+    /// The pipeline's core over the local state, the sink and the backfill
+    /// driver, from `cursor` on with the batch `intents` recorded after it;
+    /// `confirm` is told each LSN that may be confirmed to the server.
+    /// Nothing here reads the source: [`Pipeline::run`] takes its events
+    /// from a channel, so the core runs without Postgres in tests.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        config: &Config,
+        checkpoint: &'a mut Checkpoint,
+        sink: &Sink,
+        cursor: Cursor,
+        intents: Vec<Intent>,
+        confirm: watch::Sender<u64>,
+        backfill: &'a mut Driver,
+        chunks_done: &'a watch::Sender<Passed>,
+    ) -> Result<Pipeline<'a>> {
+        let delivery = Delivery::new(
+            sink.clone(),
+            RetryPolicy {
+                max_attempts: config.delivery.max_attempts,
+                backoff: config.delivery.backoff.clone(),
+            },
+            config.delivery.max_in_flight,
+            config.delivery.rate_limit,
+        );
+        let namespace = envelope::pipeline_namespace(&config.pipeline);
+        let batcher = Batcher::new(
+            config.delivery.batch_size,
+            config.delivery.linger,
+            namespace,
+            intents,
+        )
+        .with_read_batch_size(config.backfill.batch_size)
+        .with_max_bytes(config.delivery.max_batch_bytes);
+        let parked = checkpoint.parked()?;
+        if !parked.is_empty() {
+            tracing::warn!(
+                batches = parked
+                    .iter()
+                    .filter(|p| p.status != ParkStatus::Held)
+                    .count(),
+                held = parked
+                    .iter()
+                    .filter(|p| p.status == ParkStatus::Held)
+                    .count(),
+                "batches are parked; `waltail parked list` shows them, `waltail parked replay` delivers them"
+            );
+        }
+        let data_version = checkpoint.data_version()?;
+        checkpoint.forget_chunks(cursor.confirmed_lsn)?;
+        backfill.poke(checkpoint)?;
+        let mut pipeline = Pipeline {
+            checkpoint,
+            pipeline: config.pipeline.clone(),
+            prefix: sink.prefix().map(str::to_string),
+            compression: config.compression,
+            parking: ParkingLot::default(),
+            data_version,
+            delivery,
+            batcher,
+            next_seq: cursor.next_seq,
+            cursor,
+            dirty: false,
+            done: Vec::new(),
+            frontier: Frontier::new(cursor.next_seq - 1),
+            txns: VecDeque::new(),
+            open_txn: false,
+            waiting: VecDeque::new(),
+            waiting_max: config.delivery.max_in_flight.max(1) * WAITING_PER_UPLOAD,
+            waiting_bytes: 0,
+            max_batch_bytes: config.delivery.max_batch_bytes,
+            confirm,
+            stats: Stats::default(),
+            windows: Windows::default(),
+            forget_at: None,
+            backfill,
+            chunks_done,
+            lag: LagWatch::new(config.slot_lag_warn_bytes, &config.source.slot),
+        };
+        pipeline.release()?;
+        Ok(pipeline)
+    }
 }
 
 impl Pipeline<'_> {
@@ -1249,6 +1280,9 @@ impl Pipeline<'_> {
 fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400)
 }
+
+#[cfg(test)]
+mod component_tests;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,454 @@
+//! The pipeline's core without processes: [`Pipeline::run`] fed source
+//! events through its channel, over a temporary state file and an
+//! in-memory store that can hold back or refuse chosen PUTs, on tokio's
+//! paused clock (waits and backoffs take no real time).
+//!
+//! What they pin: confirmation follows durability in seq order, batches on
+//! a parked batch's rows wait behind it while others flow, and a backfill
+//! window leaves out the rows changed inside it and holds its low
+//! watermark back until the chunk's `read` events are written.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use object_store::memory::InMemory;
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use tokio::sync::{mpsc, watch};
+
+use super::{Pipeline, Shutdown};
+use crate::archive::envelope::{Change, Op, RowSet, TableRef};
+use crate::checkpoint::{Checkpoint, Cursor, ParkStatus};
+use crate::config::Config;
+use crate::sink::Sink;
+use crate::source::backfill::driver::Driver;
+use crate::source::backfill::{Mark, Passed, Watermark};
+use crate::source::stream::SourceEvent;
+
+/// An in-memory store whose PUTs to keys containing `held` wait until the
+/// gate opens, and whose PUTs to keys containing `refused` fail while
+/// `refusing` is set.
+#[derive(Debug)]
+struct Scripted {
+    inner: InMemory,
+    held: Option<String>,
+    gate: watch::Receiver<bool>,
+    refused: Option<String>,
+    refusing: AtomicBool,
+}
+
+impl fmt::Display for Scripted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Scripted({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for Scripted {
+    async fn put_opts(
+        &self,
+        location: &ObjectPath,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        let key = location.as_ref();
+        if self.held.as_deref().is_some_and(|h| key.contains(h)) {
+            let mut gate = self.gate.clone();
+            let _ = gate.wait_for(|open| *open).await;
+        }
+        if self.refusing.load(Ordering::SeqCst)
+            && self.refused.as_deref().is_some_and(|r| key.contains(r))
+        {
+            return Err(object_store::Error::Generic {
+                store: "Scripted",
+                source: "the store is down for this key".into(),
+            });
+        }
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &ObjectPath,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &ObjectPath,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<ObjectPath>>,
+    ) -> BoxStream<'static, object_store::Result<ObjectPath>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&ObjectPath>,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&ObjectPath>,
+    ) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &ObjectPath,
+        to: &ObjectPath,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// One test's configuration, state file and store.
+struct Rig {
+    _dir: tempfile::TempDir,
+    config: Config,
+    store: Arc<Scripted>,
+    open_gate: watch::Sender<bool>,
+}
+
+impl Rig {
+    /// Objects of `batch_size` changes, one attempt each; PUTs to keys with
+    /// `held` wait for [`Rig::open_gate`], PUTs to keys with `refused` fail
+    /// until [`Rig::heal`].
+    fn new(batch_size: usize, held: Option<&str>, refused: Option<&str>) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("waltail.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "pipeline = \"t\"\nstate_dir = {:?}\n\
+                 [source]\nurl = \"postgres://u@localhost/db?host=/nonexistent\"\ntables = [\"public.t\"]\n\
+                 [delivery]\nbatch_size = {batch_size}\nmax_attempts = 1\nlinger_ms = 50\n",
+                dir.path().join("state")
+            ),
+        )
+        .unwrap();
+        let config = Config::load_with(Some(&file), &Default::default()).unwrap();
+        let (open_gate, gate) = watch::channel(false);
+        let store = Arc::new(Scripted {
+            inner: InMemory::new(),
+            held: held.map(str::to_string),
+            gate,
+            refused: refused.map(str::to_string),
+            refusing: AtomicBool::new(refused.is_some()),
+        });
+        Rig {
+            _dir: dir,
+            config,
+            store,
+            open_gate,
+        }
+    }
+
+    fn state(&self) -> Checkpoint {
+        Checkpoint::open(&self.config.state_file()).unwrap()
+    }
+
+    fn sink(&self) -> Sink {
+        Sink::from_store(self.store.clone(), None)
+    }
+
+    fn heal(&self) {
+        self.store.refusing.store(false, Ordering::SeqCst);
+    }
+
+    /// The archive's object keys, sorted.
+    async fn keys(&self) -> Vec<String> {
+        use futures::TryStreamExt;
+        let mut keys: Vec<String> = self
+            .store
+            .list(None)
+            .map_ok(|m| m.location.to_string())
+            .try_collect()
+            .await
+            .unwrap();
+        keys.sort();
+        keys
+    }
+
+    async fn body(&self, key: &str) -> String {
+        let got = self.store.get(&ObjectPath::from(key)).await.unwrap();
+        String::from_utf8(got.bytes().await.unwrap().to_vec()).unwrap()
+    }
+}
+
+/// What a test does while the pipeline runs: it gets the event sender, the
+/// confirmed LSN and the stop switch, and returns once the pipeline may
+/// stop.
+struct Feed {
+    events: mpsc::Sender<Vec<SourceEvent>>,
+    confirmed: watch::Receiver<u64>,
+    stop: watch::Sender<u32>,
+}
+
+impl Feed {
+    async fn send(&self, events: Vec<SourceEvent>) {
+        self.events.send(events).await.unwrap();
+    }
+
+    /// Waits (on the paused clock) until `lsn` is confirmed.
+    async fn confirmed_at_least(&mut self, lsn: u64) {
+        tokio::time::timeout(
+            Duration::from_secs(600),
+            self.confirmed.wait_for(|&c| c >= lsn),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{lsn} not confirmed in 10 minutes"))
+        .unwrap();
+    }
+}
+
+/// Runs the pipeline from the state's cursor while `script` feeds it, then
+/// stops it gracefully; returns the cursor it stopped at.
+async fn run_with<F, Fut>(rig: &Rig, script: F) -> Cursor
+where
+    F: FnOnce(Feed) -> Fut,
+    Fut: std::future::Future<Output = Feed>,
+{
+    let mut state = rig.state();
+    let cursor = state.cursor().unwrap().unwrap_or(Cursor {
+        confirmed_lsn: 0,
+        next_seq: 1,
+    });
+    let intents = state.open_intents(cursor.next_seq).unwrap();
+    let (confirm, confirmed) = watch::channel(cursor.confirmed_lsn);
+    let (passed, passed_rx) = watch::channel(Passed::default());
+    let mut driver = Driver::new(&rig.config, passed_rx);
+    let mut pipeline = Pipeline::new(
+        &rig.config,
+        &mut state,
+        &rig.sink(),
+        cursor,
+        intents,
+        confirm,
+        &mut driver,
+        &passed,
+    )
+    .unwrap();
+    let (tx, rx) = mpsc::channel(16);
+    let (stop, stop_rx): (watch::Sender<u32>, Shutdown) = watch::channel(0);
+    let feed = async {
+        let feed = script(Feed {
+            events: tx,
+            confirmed,
+            stop,
+        })
+        .await;
+        feed.stop.send(1).unwrap();
+        // Kept until the pipeline ends, so it sees a stop, not a closed source.
+        feed
+    };
+    let (ended, _feed) = tokio::join!(pipeline.run(rx, stop_rx), feed);
+    ended.unwrap();
+    pipeline.cursor
+}
+
+fn change(row: u64) -> SourceEvent {
+    SourceEvent::Change(Change {
+        op: Op::Insert,
+        table: Arc::new(TableRef::from_name("public.t".into())),
+        data: Some(format!("{{\"id\":{row}}}").into_bytes()),
+        old: None,
+        commit_lsn: 0,
+        commit_ts: 0,
+        index: 0,
+        rows: RowSet::one(row),
+    })
+}
+
+/// A transaction of inserts of `rows`, ending at `end_lsn`.
+fn txn(rows: &[u64], end_lsn: u64) -> Vec<SourceEvent> {
+    let mut events = vec![SourceEvent::Begin];
+    events.extend(rows.iter().map(|&r| change(r)));
+    events.push(SourceEvent::Commit { end_lsn });
+    events
+}
+
+fn key(first: u64, last: u64) -> String {
+    format!("2000/01/01/t-{first}-{last}.ndjson")
+}
+
+/// Objects finish in any order, but the slot is confirmed only past
+/// transactions whose every change is written: the second transaction's
+/// object lands first and nothing is confirmed until the first one's does.
+#[tokio::test(start_paused = true)]
+async fn confirmation_waits_for_every_earlier_object() {
+    let rig = Rig::new(2, Some("t-1-2."), None);
+    let cursor = run_with(&rig, |mut feed| async {
+        feed.send(txn(&[1, 2], 100)).await;
+        feed.send(txn(&[3, 4], 200)).await;
+        // Long enough for the second object and many confirmation ticks.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(rig.keys().await, vec![key(3, 4)]);
+        assert_eq!(
+            *feed.confirmed.borrow(),
+            0,
+            "confirmed past a missing object"
+        );
+        assert_eq!(rig.state().cursor().unwrap(), None);
+        rig.open_gate.send(true).unwrap();
+        feed.confirmed_at_least(200).await;
+        feed
+    })
+    .await;
+    assert_eq!(
+        cursor,
+        Cursor {
+            confirmed_lsn: 200,
+            next_seq: 5
+        }
+    );
+    assert_eq!(rig.state().cursor().unwrap(), Some(cursor));
+    assert_eq!(rig.keys().await, vec![key(1, 2), key(3, 4)]);
+}
+
+/// A batch that fails its attempts is parked; the next batch on one of its
+/// rows is held behind it, one on other rows is written; parked and held
+/// count as durable, so the slot is confirmed past all three. A replay
+/// asked for from another process delivers the parked batch, then the held
+/// one, in seq order.
+#[tokio::test(start_paused = true)]
+async fn a_batch_on_a_parked_row_waits_behind_it_while_others_flow() {
+    let rig = Rig::new(2, None, Some("t-1-2."));
+    let cursor = run_with(&rig, |mut feed| async {
+        feed.send(txn(&[1, 2], 100)).await;
+        feed.send(txn(&[1, 5], 200)).await;
+        feed.send(txn(&[6, 7], 300)).await;
+        feed.confirmed_at_least(300).await;
+        assert_eq!(rig.keys().await, vec![key(5, 6)]);
+        let lot: Vec<(u64, ParkStatus)> = rig
+            .state()
+            .parked()
+            .unwrap()
+            .iter()
+            .map(|p| (p.first_seq, p.status))
+            .collect();
+        assert_eq!(lot, vec![(1, ParkStatus::Parked), (3, ParkStatus::Held)]);
+        rig.heal();
+        assert_eq!(rig.state().request_replay(None).unwrap(), 1);
+        for _ in 0..100 {
+            if rig.keys().await.len() == 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        feed
+    })
+    .await;
+    assert_eq!(cursor.confirmed_lsn, 300);
+    assert_eq!(rig.keys().await, vec![key(1, 2), key(3, 4), key(5, 6)]);
+    assert!(rig.state().parked().unwrap().is_empty());
+    assert!(rig.body(&key(3, 4)).await.contains("\"seq\":3"));
+}
+
+fn watermark(chunk: i64, mark: Mark, end_lsn: u64) -> Vec<SourceEvent> {
+    let content = serde_json::to_vec(&Watermark {
+        pipeline: "t".into(),
+        chunk,
+        mark,
+        lane: 0,
+    })
+    .unwrap();
+    vec![
+        SourceEvent::Begin,
+        SourceEvent::Watermark {
+            content: content.into(),
+            commit_lsn: end_lsn,
+            commit_ts: 0,
+        },
+        SourceEvent::Commit { end_lsn },
+    ]
+}
+
+/// A chunk of rows 11, 12 and 13 read between two watermarks while row 12
+/// changes in the stream: the chunk's `read` events leave 12 out (the
+/// change is newer), go out in the high watermark's place, the chunk is
+/// recorded done, and the low watermark's transaction is confirmed only
+/// once those `read` events are written.
+#[tokio::test(start_paused = true)]
+async fn a_backfill_window_leaves_out_rows_changed_inside_it() {
+    let rig = Rig::new(2, Some("t-3-4."), None);
+    let chunk = {
+        let mut state = rig.state();
+        let backfill = state.request_backfill("public", "t", 3, 3).unwrap();
+        state.add_ranges(backfill, &[(None, None)], None).unwrap();
+        let range = state.ranges(backfill).unwrap()[0].id;
+        let chunk = state.new_chunk(backfill, range, 0).unwrap();
+        let rows: Vec<(u64, Vec<u8>)> = [11, 12, 13]
+            .iter()
+            .map(|&r| (r, format!("{{\"id\":{r}}}").into_bytes()))
+            .collect();
+        state
+            .store_chunk(chunk, &rows, Some("13"), true, "\"columns\":[]")
+            .unwrap();
+        chunk
+    };
+    let cursor = run_with(&rig, |mut feed| async {
+        feed.send(watermark(chunk, Mark::Low, 100)).await;
+        feed.send(txn(&[12], 200)).await;
+        feed.send(watermark(chunk, Mark::High, 300)).await;
+        // The change to 12 is seq 1; the read events of 11 and 13 are seqs
+        // 2 and 3, then an insert of 14 is seq 4; the object 3-4 waits.
+        feed.send(txn(&[14], 400)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            *feed.confirmed.borrow() < 100,
+            "the low watermark is confirmed before its chunk's read events are written"
+        );
+        rig.open_gate.send(true).unwrap();
+        feed.confirmed_at_least(400).await;
+        feed
+    })
+    .await;
+    assert_eq!(cursor.next_seq, 5);
+    let mut text = rig.body(&key(1, 2)).await;
+    text += &rig.body(&key(3, 4)).await;
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seen: Vec<(String, i64)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["op"].as_str().unwrap().to_string(),
+                l["data"]["id"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("insert".into(), 12),
+            ("read".into(), 11),
+            ("read".into(), 13),
+            ("insert".into(), 14)
+        ]
+    );
+    let state = rig.state();
+    assert!(state.chunk(chunk).unwrap().unwrap().done);
+    assert_eq!(state.chunk_skipped(chunk).unwrap(), vec![1]);
+}
