@@ -28,6 +28,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::archive::codec::Codec;
 use crate::batch::Intent;
+use crate::error::ErrorKind;
 use crate::row_identity;
 use crate::{Error, Result};
 
@@ -319,7 +320,8 @@ impl Checkpoint {
                     self.path.display()
                 ),
                 "run the waltail release that wrote this state (it is newer than this one)",
-            )),
+            )
+            .with_kind(ErrorKind::State)),
         }
     }
 
@@ -399,6 +401,7 @@ impl Checkpoint {
                             ),
                             "run the waltail release that wrote this state",
                         )
+                        .with_kind(ErrorKind::State)
                     })?,
                 };
                 Ok(Intent {
@@ -947,6 +950,7 @@ impl Checkpoint {
                 ),
                 "cancel the backfill (`waltail backfill --cancel`) and start it again",
             )
+            .with_kind(ErrorKind::State)
         })
     }
 

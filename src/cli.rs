@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use crate::Error;
 use crate::commands;
 use crate::config::Config;
-use crate::error::Report;
+use crate::error::{ErrorKind, Report};
 use crate::pipeline::RunOptions;
 use crate::telemetry::{self, LogFormat};
 
@@ -358,13 +358,7 @@ pub fn main() -> ExitCode {
             if let Some(hint) = e.hint() {
                 eprintln!("  fix: {hint}");
             }
-            // A usage problem found by the command (e.g. a confirmation
-            // that cannot be asked) exits like a bad configuration.
-            if matches!(e, Error::Config(_)) {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
+            exit_code(&e)
         }
     }
 }
@@ -379,6 +373,19 @@ fn print_quietly(bytes: &[u8]) -> ExitCode {
             eprintln!("error: cannot write to stdout: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The exit code of a command that failed with `e` (the README lists
+/// them): 2 for an invalid configuration, or a usage problem the command
+/// found (e.g. a confirmation that cannot be asked); 3 when another process
+/// holds the pipeline or the table, so nothing was done and a supervisor
+/// can tell it from a failure; 1 for everything else.
+fn exit_code(e: &Error) -> ExitCode {
+    match e.kind() {
+        ErrorKind::Config => ExitCode::from(2),
+        ErrorKind::Locked => ExitCode::from(3),
+        _ => ExitCode::FAILURE,
     }
 }
 

@@ -95,6 +95,32 @@ async fn default_destination_is_the_local_folder() {
     db.drop_db().await;
 }
 
+/// One pipeline has one reader: a second `waltail run` of the same pipeline
+/// while the first streams exits 3 at once with the fix, and the first
+/// goes on archiving as if nothing happened.
+#[tokio::test]
+async fn a_second_run_of_a_running_pipeline_exits_3_and_changes_nothing() {
+    let db = TestDb::new("secondrun").await;
+    db.exec(TABLES).await;
+    let pipeline = unique("second").replace('_', "-");
+    let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
+    w.start();
+    let (status, _, stderr) = w.output(&["run"]);
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains(&format!("pipeline {pipeline} is already running"))
+            && stderr.contains("fix: stop the other `waltail run`"),
+        "{stderr}"
+    );
+    mixed_workload(&db, 3, 30, 0).await;
+    let root = w.dir.path().join("waltail-archive");
+    let read = async || file_objects(&root);
+    let changes = wait_replay_equals(&db, read, None, &pipeline).await;
+    assert!(!changes.is_empty());
+    w.stop();
+    db.drop_db().await;
+}
+
 /// `delivery.max_batch_bytes` cuts an object by size before `batch_size`:
 /// one transaction of wide rows becomes several objects, none much over the
 /// cap, and the archive still replays to the table.

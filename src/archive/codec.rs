@@ -13,6 +13,7 @@
 
 use std::io::{Read, Write};
 
+use crate::error::ErrorKind;
 use crate::{Error, Result};
 
 /// The level gzip encodes at: zlib's default, the usual size/speed balance.
@@ -130,7 +131,8 @@ impl Codec {
             return Err(Error::fatal(
                 format!("{} decodes to more than {MAX_DECODED_BYTES} bytes", what()),
                 "no object waltail writes is that large; move it out of the archive",
-            ));
+            )
+            .with_kind(ErrorKind::Archive));
         }
         Ok(out.into())
     }

@@ -14,6 +14,7 @@ use crate::archive::key::{parse_key, under};
 use crate::archive::schema::SchemaRecord;
 use crate::backoff::Backoff;
 use crate::error::Disposition;
+use crate::error::ErrorKind;
 use crate::{Error, Result};
 
 /// One archive object, `[prefix/]YYYY/MM/DD/<pipeline>-<first>-<last>.ndjson`.
@@ -238,6 +239,7 @@ pub async fn load_schemas(
                 format!("schema record {} is not valid: {e}", meta.location),
                 "schema records are written by `waltail run`; restore this object from a backup or a copy",
             )
+            .with_kind(ErrorKind::Archive)
         })?;
         out.entry(record.table.clone()).or_default().push(record);
     }

@@ -15,6 +15,7 @@ pub mod status;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
+use crate::error::ErrorKind;
 use crate::{Error, Result};
 
 /// The pipeline's local state, for the commands that read what `run` left
@@ -29,7 +30,8 @@ pub fn open_state(config: &Config) -> Result<Checkpoint> {
                 path.display()
             ),
             "run `waltail run` first, or run this from the folder (or with the --config and state_dir) that `waltail run` uses",
-        ));
+        )
+        .with_kind(ErrorKind::State));
     }
     Checkpoint::open(&path)
 }

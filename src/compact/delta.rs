@@ -41,6 +41,7 @@ use url::Url;
 
 use super::typing::{Column, Kind, TableShape};
 use crate::config::DestinationConfig;
+use crate::error::ErrorKind;
 use crate::{Error, Result};
 
 /// Commits between two checkpoints of a log (Delta's own default).
@@ -475,7 +476,8 @@ pub async fn commit(
         Role::History => vec!["date"],
         Role::Latest => vec![],
     };
-    let conflict = |e: DeltaTableError| match e {
+    let conflict = |e: DeltaTableError| {
+        match e {
         DeltaTableError::Transaction {
             source: TransactionError::CommitConflict(c),
         } => Error::fatal(
@@ -484,15 +486,18 @@ pub async fn commit(
                 commit.shape.table
             ),
             "nothing of this run is visible; run `waltail compact` again once the other run has finished",
-        ),
+        )
+        .with_kind(ErrorKind::Locked),
         DeltaTableError::Transaction {
             source: TransactionError::VersionAlreadyExists(v),
         }
         | DeltaTableError::VersionAlreadyExists(v) => Error::fatal(
             format!("another writer committed version {v} of {url} first, again and again"),
             "run `waltail compact` again once the other writer has finished",
-        ),
+        )
+        .with_kind(ErrorKind::Locked),
         e => delta_error("cannot commit to", &url, e),
+    }
     };
     let log_store = loc.log_store(&url);
     let Some(previous) = previous else {
@@ -522,6 +527,7 @@ pub async fn commit(
                         ),
                         "nothing of this run is visible; run `waltail compact` again once the other run has finished",
                     )
+                    .with_kind(ErrorKind::Locked)
                 }
                 e => conflict(e),
             })?;
@@ -826,6 +832,7 @@ mod tests {
             err.to_string().contains("another `waltail compact`"),
             "{err}"
         );
+        assert_eq!(err.kind(), crate::error::ErrorKind::Locked);
     }
 
     #[tokio::test]

@@ -56,6 +56,7 @@ use super::history::{Output, ParquetFile, dictionaries_for, table_dir};
 use super::session::{ARCHIVE_URL, table_url};
 use super::spool::{Role, Spool, bucket_of};
 use super::typing::{Cell, TableShape, build_array, read_cells};
+use crate::error::ErrorKind;
 use crate::{Error, Result};
 
 /// Rows per Arrow batch written.
@@ -173,7 +174,8 @@ impl LatestView {
                 return Err(Error::fatal(
                     format!("{key} of the latest view of {table} is missing from the store"),
                     UNREADABLE_FIX,
-                ));
+                )
+                .with_kind(ErrorKind::Archive));
             }
         }
         let df = ctx

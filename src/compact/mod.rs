@@ -59,6 +59,7 @@ use self::typing::TableShape;
 use crate::archive::listing;
 use crate::archive::schema::SchemaRecord;
 use crate::config::Config;
+use crate::error::ErrorKind;
 use crate::sink::Sink;
 use crate::{Error, Result};
 
@@ -747,6 +748,7 @@ fn parse_object(
                 format!("{key} line {}: {what}", n + 1),
                 "archive objects are written by `waltail run`; restore this one from a copy, or move it away and compact again",
             )
+            .with_kind(ErrorKind::Archive)
         })?);
     }
     Ok(reader.finish())

@@ -30,6 +30,7 @@ use super::history::table_dir;
 use super::typing::{Column, TableShape};
 use crate::archive::key::under;
 use crate::archive::schema::SchemaRecord;
+use crate::error::ErrorKind;
 use crate::{Error, Result};
 
 /// Where the earlier releases kept their progress, under the prefix.
@@ -108,6 +109,7 @@ pub async fn upgrade(
             format!("the compaction manifest {path} of an earlier release is not valid: {e}"),
             "restore it from a backup; or delete it with the parquet/ and latest/ folders to compact everything again",
         )
+        .with_kind(ErrorKind::Archive)
     })?;
     if manifest.format != 1 {
         return Err(Error::fatal(
@@ -298,6 +300,7 @@ async fn rows(store: &Arc<dyn ObjectStore>, meta: &object_store::ObjectMeta) -> 
             format!("cannot read the Parquet footer of {key}: {e}"),
             UNREADABLE_FIX,
         )
+        .with_kind(ErrorKind::Archive)
     };
     let get = async |range: std::ops::Range<u64>| {
         store

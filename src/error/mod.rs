@@ -65,9 +65,55 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    /// The pipeline cannot go on until an operator acts; `hint` says how.
+    /// The pipeline cannot go on until an operator acts; `hint` says how,
+    /// `kind` says to code what failed.
     #[error("{message}")]
-    Fatal { message: String, hint: String },
+    Fatal {
+        kind: ErrorKind,
+        message: String,
+        hint: String,
+    },
+}
+
+/// What failed, for code that acts on it (exit codes, tests, callers of
+/// the library); the message says it to people. New kinds may come, so
+/// matches need a `_` arm.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The configuration (or a command's arguments) is invalid.
+    Config,
+    /// Another process holds what this one needs: the pipeline's lock (a
+    /// `waltail run` of it is running) or a table's Delta log (another
+    /// `waltail compact` committed first). Nothing was done.
+    Locked,
+    /// The replication slot is gone, or belongs to no state we have:
+    /// changes may be missing, and only an operator can say what next.
+    SlotLost,
+    /// The source database is not as the command needs it: a table
+    /// missing, without a key, or not streamed.
+    Source,
+    /// TLS to Postgres was refused (certificate, host name, sslmode).
+    Tls,
+    /// A SQL command on the ordinary Postgres connection failed.
+    Postgres,
+    /// The replication connection failed.
+    Replication,
+    /// The server sent a pgoutput message that cannot be decoded.
+    Decode,
+    /// A request to the store failed.
+    Store,
+    /// The archive holds something that cannot be read: a damaged object,
+    /// schema record or compacted file.
+    Archive,
+    /// The local state is damaged, missing, or from another release.
+    State,
+    /// A local file operation failed.
+    Io,
+    /// waltail itself is wrong: please report it.
+    Bug,
+    /// Anything else that stops the command.
+    Other,
 }
 
 /// What the pipeline does about a failed delivery.
@@ -88,6 +134,7 @@ impl Error {
 
     pub fn fatal(message: impl Into<String>, hint: impl Into<String>) -> Self {
         Error::Fatal {
+            kind: ErrorKind::Other,
             message: message.into(),
             hint: hint.into(),
         }
@@ -97,6 +144,33 @@ impl Error {
     /// task of its own panicked): the message says what, the hint to report it.
     pub fn bug(message: impl Into<String>) -> Self {
         Error::fatal(message, "this is a bug in waltail; please report it")
+            .with_kind(ErrorKind::Bug)
+    }
+
+    /// The same error, saying it is of `kind` (only a [`Error::Fatal`]
+    /// carries a kind of its own; the others' follows from their variant).
+    pub fn with_kind(mut self, kind: ErrorKind) -> Self {
+        if let Error::Fatal { kind: k, .. } = &mut self {
+            *k = kind;
+        }
+        self
+    }
+
+    /// What failed (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Config(_) => ErrorKind::Config,
+            Error::Postgres { .. } => ErrorKind::Postgres,
+            Error::Replication { source, .. } => match source.as_ref() {
+                ReplicationError::Tls(_) => ErrorKind::Tls,
+                _ => ErrorKind::Replication,
+            },
+            Error::Decode(_) => ErrorKind::Decode,
+            Error::Store { .. } => ErrorKind::Store,
+            Error::State { .. } => ErrorKind::State,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::Fatal { kind, .. } => *kind,
+        }
     }
 
     pub fn postgres(context: impl Into<String>, source: tokio_postgres::Error) -> Self {
@@ -499,5 +573,32 @@ mod tests {
         let role = Some("arn:aws:iam::1:role/r");
         assert!(f("service error", role, true).contains("trust policy"));
         assert!(!f("dispatch failure", role, false).contains("trust policy"));
+    }
+
+    /// Code can tell failures apart by kind, whatever their words: a
+    /// fatal error keeps the kind it was given (through a DataFusion error
+    /// too, see `query::sql_error`), the others' follows from their variant.
+    #[test]
+    fn every_error_says_what_failed() {
+        assert_eq!(Error::fatal("m", "h").kind(), ErrorKind::Other);
+        let locked =
+            Error::fatal("pipeline p is already running", "h").with_kind(ErrorKind::Locked);
+        assert_eq!(locked.kind(), ErrorKind::Locked);
+        assert_eq!(locked.hint().as_deref(), Some("h"));
+        assert_eq!(Error::bug("x").kind(), ErrorKind::Bug);
+        assert_eq!(Error::config("c").kind(), ErrorKind::Config);
+        assert_eq!(
+            Error::config("c").with_kind(ErrorKind::Locked).kind(),
+            ErrorKind::Config,
+            "only a fatal error takes a kind"
+        );
+        let tls = ReplicationError::Tls(crate::pgtls::TlsError::fatal("refused", "fix"));
+        assert_eq!(Error::replication("connecting", tls).kind(), ErrorKind::Tls);
+        assert_eq!(
+            Error::replication("reading", ReplicationError::Closed).kind(),
+            ErrorKind::Replication
+        );
+        let io = std::io::Error::other("disk");
+        assert_eq!(Error::io("writing", io).kind(), ErrorKind::Io);
     }
 }

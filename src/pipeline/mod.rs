@@ -36,6 +36,7 @@ use crate::console::{Fate, JOURNAL};
 use crate::delivery::parking::ParkingLot;
 use crate::delivery::{Delivery, Outcome, RetryPolicy, Wait};
 use crate::error::Disposition;
+use crate::error::ErrorKind;
 use crate::lsn;
 use crate::pgtime;
 use crate::sink::Sink;
@@ -107,6 +108,7 @@ pub async fn run(config: &Config, opts: &RunOptions, mut shutdown: Shutdown) -> 
             ),
             "stop the other `waltail run` of this pipeline first; one pipeline has one reader",
         )
+        .with_kind(ErrorKind::Locked)
     })?;
     let sink = Sink::new(&config.destination, config.delivery.request_timeout)?;
     // The pipeline reports each backfill chunk it has handed over; the
@@ -190,7 +192,8 @@ async fn prepare(config: &Config, opts: &RunOptions, checkpoint: &mut Checkpoint
             "restore the state_dir this pipeline ran with; if the slot belongs to another pipeline, set source.slot; \
              to start this pipeline afresh, drop the slot (SELECT pg_drop_replication_slot('<slot>');) and use a new pipeline name or prefix, \
              since seq numbering would restart at 1",
-        ));
+        )
+        .with_kind(ErrorKind::SlotLost));
     }
     if !exists {
         if let Some(c) = cursor {
@@ -202,7 +205,8 @@ async fn prepare(config: &Config, opts: &RunOptions, checkpoint: &mut Checkpoint
                     ),
                     "run `waltail run --recreate-slot` to create a new slot and continue numbering from seq \
                      where the archive stopped, then `waltail backfill` to capture the current rows",
-                ));
+                )
+                .with_kind(ErrorKind::SlotLost));
             }
             tracing::warn!(slot = %slot, seq = c.next_seq, "recreating the replication slot; changes since the old slot was lost are not in the archive");
         }

@@ -301,11 +301,16 @@ pub fn sql_error(sql: &str, e: DataFusionError) -> Error {
         && let Some(ours) = inner.downcast_ref::<Error>()
     {
         return match ours {
-            Error::Fatal { message, hint } => Error::fatal(message.clone(), hint.clone()),
+            Error::Fatal {
+                kind,
+                message,
+                hint,
+            } => Error::fatal(message.clone(), hint.clone()).with_kind(*kind),
             other => Error::fatal(
                 crate::error::Report(other).to_string(),
                 other.hint().unwrap_or_default(),
-            ),
+            )
+            .with_kind(other.kind()),
         };
     }
     let message = e.strip_backtrace();

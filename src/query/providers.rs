@@ -52,6 +52,7 @@ use crate::compact::line::key_json;
 use crate::compact::read;
 use crate::compact::session::table_url;
 use crate::compact::typing::{Cell, TableShape, read_cells};
+use crate::error::ErrorKind;
 use crate::{Error, Result};
 
 /// Rows per batch of the tables built in memory.
@@ -466,6 +467,7 @@ fn text_column(batch: &RecordBatch, name: &str) -> Result<StringArray> {
             format!("a compacted file has no {name} column"),
             "compact the table again",
         )
+        .with_kind(ErrorKind::Archive)
     })?;
     let a = arrow::compute::cast(a, &DataType::Utf8)
         .map_err(|e| Error::fatal(format!("{name}: {e}"), "compact the table again"))?;
@@ -529,6 +531,7 @@ fn history_changes(shape: &TableShape, batch: &RecordBatch) -> Result<Vec<TypedC
                 "a history file has no _seq column",
                 "compact the table again",
             )
+            .with_kind(ErrorKind::Archive)
         })?,
         &DataType::Int64,
     )

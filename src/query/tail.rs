@@ -35,6 +35,7 @@ use crate::compact::change::TypedChange;
 use crate::compact::history::{history_columns, history_schema};
 use crate::compact::read::{Envelope, type_change};
 use crate::compact::typing::TableShape;
+use crate::error::ErrorKind;
 use crate::{Error, Result};
 
 /// What a tail table holds.
@@ -449,6 +450,7 @@ pub fn bad_line(o: &Object, n: usize, what: String) -> Error {
         format!("{} line {}: {what}", o.key, n + 1),
         "archive objects are written by `waltail run`; restore this one from a copy, or move it away; a filter on seq or date that excludes it skips it",
     )
+    .with_kind(ErrorKind::Archive)
 }
 
 /// One object's rows for a tail table.

@@ -30,6 +30,7 @@ pub const OUTPUT_SETTINGS: [(&str, &str); 5] = [
 ];
 
 use crate::config::SourceConfig;
+use crate::error::ErrorKind;
 use crate::pgtls;
 use crate::{Error, Result};
 
@@ -108,12 +109,13 @@ fn connect_error(source: &SourceConfig, e: tokio_postgres::Error) -> Error {
     if let Some(tls) = cause.and_then(|c| c.downcast_ref::<pgtls::TlsError>())
         && tls.fatal
     {
-        return Error::fatal(format!("{context}: {tls}"), tls.hint.clone());
+        return Error::fatal(format!("{context}: {tls}"), tls.hint.clone())
+            .with_kind(ErrorKind::Tls);
     }
     // tokio-postgres's own words when the server answers 'N' to the SSLRequest.
     if cause.is_some_and(|c| c.to_string().contains("server does not support TLS")) {
         let tls = pgtls::TlsError::not_supported(source.tls.mode);
-        return Error::fatal(format!("{context}: {tls}"), tls.hint);
+        return Error::fatal(format!("{context}: {tls}"), tls.hint).with_kind(ErrorKind::Tls);
     }
     if let Some(db) = e.as_db_error()
         && refused_for_no_tls(db.code().code(), db.message())
@@ -121,7 +123,8 @@ fn connect_error(source: &SourceConfig, e: tokio_postgres::Error) -> Error {
         return Error::fatal(
             format!("{context}: {}: {}", db.severity(), db.message()),
             pgtls::NEEDS_TLS_HINT,
-        );
+        )
+        .with_kind(ErrorKind::Tls);
     }
     Error::postgres(context, e)
 }

@@ -7,6 +7,7 @@
 use tokio_postgres::Client;
 
 use crate::config::{SourceConfig, TableName};
+use crate::error::ErrorKind;
 use crate::source::watermark::WATERMARK_TABLE;
 use crate::sql::quote_ident;
 use crate::{Error, Result};
@@ -52,13 +53,15 @@ pub async fn ensure_publication(client: &Client, source: &SourceConfig) -> Resul
                     "create it, or remove {:?} from source.tables",
                     t.config_form()
                 ),
-            ));
+            )
+            .with_kind(ErrorKind::Source));
         };
         if kind.get::<_, String>(0) == "p" && i64::from(version) < PARTITION_ROOT_VERSION {
             return Err(Error::fatal(
                 partitioned_refusal(&t.to_string(), &version_text),
                 PARTITIONED_FIX,
-            ));
+            )
+            .with_kind(ErrorKind::Source));
         }
     }
     let table_list = source

@@ -49,6 +49,7 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 
 use crate::config::{SourceConfig, TableName};
+use crate::error::ErrorKind;
 use crate::source::catalog::TypeCatalog;
 use crate::source::pgoutput::{Column, Relation};
 use crate::source::stream::TableShape;
@@ -209,6 +210,7 @@ pub async fn ensure_watermark_table(
                 format!("cannot create the backfill watermark table {table}: {e}"),
                 fix(),
             )
+            .with_kind(ErrorKind::Source)
         })?;
     let published: bool = client
         .query_one(
@@ -418,6 +420,7 @@ pub async fn plan(catalog: &mut TypeCatalog, table: &TableName) -> Result<TableP
                 format!("table {table} does not exist"),
                 "check the name (schema.table) and that the configured user can see it",
             )
+            .with_kind(ErrorKind::Source)
         })?;
     let oid: u32 = rel.get(0);
     let identity: String = rel.get(1);
@@ -484,7 +487,8 @@ pub async fn plan(catalog: &mut TypeCatalog, table: &TableName) -> Result<TableP
                      its replica identity (ALTER TABLE {t} REPLICA IDENTITY USING INDEX <index>;), which backfill then uses",
                     t = table.quoted()
                 ),
-            ));
+            )
+            .with_kind(ErrorKind::Source));
         }
     };
     let mut key = Vec::with_capacity(order_key.len());
@@ -494,6 +498,7 @@ pub async fn plan(catalog: &mut TypeCatalog, table: &TableName) -> Result<TableP
                 format!("the key of table {table} includes a generated column, which logical replication does not carry"),
                 "give the table a key over ordinary columns",
             )
+            .with_kind(ErrorKind::Source)
         })?;
         let a = &attrs[place];
         key.push((quote_ident(&a.name), a.type_name.clone(), place));
@@ -657,12 +662,17 @@ pub struct ChunkRows {
 /// The configured table a name on the command line means.
 pub fn configured_table(tables: &[TableName], arg: &str) -> Result<TableName> {
     let wanted: TableName = arg.parse().map_err(|e: String| Error::Config(e))?;
-    tables.iter().find(|t| **t == wanted).cloned().ok_or_else(|| {
-        Error::fatal(
+    tables
+        .iter()
+        .find(|t| **t == wanted)
+        .cloned()
+        .ok_or_else(|| {
+            Error::fatal(
             format!("table {wanted} is not in source.tables, so its changes are not streamed"),
             "add it to source.tables (the publication follows on the next start), then backfill it",
         )
-    })
+        .with_kind(ErrorKind::Source)
+        })
 }
 
 /// For the schema record: the table as the envelope names it.
