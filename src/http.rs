@@ -6,7 +6,6 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -24,7 +23,7 @@ async fn answer(
     let (status, body) = match req.uri().path() {
         "/metrics" => (StatusCode::OK, METRICS.render()),
         "/healthz" => (StatusCode::OK, "ok\n".to_string()),
-        "/readyz" if METRICS.ready.load(Relaxed) => (StatusCode::OK, "ready\n".to_string()),
+        "/readyz" if METRICS.ready.get() == 1 => (StatusCode::OK, "ready\n".to_string()),
         "/readyz" => (
             StatusCode::SERVICE_UNAVAILABLE,
             "not streaming\n".to_string(),
@@ -34,7 +33,7 @@ async fn answer(
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
     let content_type = if req.uri().path() == "/metrics" {
-        "text/plain; version=0.0.4"
+        crate::telemetry::METRICS_CONTENT_TYPE
     } else {
         "text/plain"
     };

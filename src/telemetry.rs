@@ -34,167 +34,142 @@ pub fn init_logging(format: LogFormat, default: &str) {
 
 // ---- metrics ----
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const BUCKETS: [f64; 13] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-/// A Prometheus histogram of durations, lock-free.
-pub struct Histogram {
-    buckets: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
-}
-
-impl Histogram {
-    const fn new() -> Self {
-        Histogram {
-            buckets: [const { AtomicU64::new(0) }; BUCKETS.len()],
-            count: AtomicU64::new(0),
-            sum_micros: AtomicU64::new(0),
-        }
-    }
-
-    pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        for (b, bound) in self.buckets.iter().zip(BUCKETS) {
-            if secs <= bound {
-                b.fetch_add(1, Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Relaxed);
-        self.sum_micros.fetch_add(d.as_micros() as u64, Relaxed);
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (b, bound) in self.buckets.iter().zip(BUCKETS) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {}", b.load(Relaxed));
-        }
-        let count = self.count.load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(
-            out,
-            "{name}_sum {}",
-            self.sum_micros.load(Relaxed) as f64 / 1e6
-        );
-        let _ = writeln!(out, "{name}_count {count}");
-    }
-}
-
-/// The process's metrics. One pipeline runs per process, so one global set
-/// (like a Prometheus default registry) saves threading it through every stage.
+/// The process's metrics (prometheus-client's counters, gauges and
+/// histograms: atomics, cloned handles into one registry). One pipeline
+/// runs per process, so one global set (like a Prometheus default
+/// registry) saves threading it through every stage.
 pub struct Metrics {
-    pub changes_received: AtomicU64,
-    pub changes_archived: AtomicU64,
-    pub objects_written: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub put_retries: AtomicU64,
-    pub parked_batches: AtomicI64,
-    pub held_batches: AtomicI64,
+    pub changes_received: Counter,
+    pub changes_archived: Counter,
+    pub objects_written: Counter,
+    pub bytes_written: Counter,
+    pub put_retries: Counter,
+    pub parked_batches: Gauge,
+    pub held_batches: Gauge,
     /// Server WAL sent so far (last keepalive) minus the confirmed position.
-    pub slot_lag_bytes: AtomicI64,
+    pub slot_lag_bytes: Gauge,
+    /// Each PUT attempt, in seconds.
     pub put_seconds: Histogram,
-    /// From a batch's first commit to its object being written.
+    /// From a batch's first commit to its object being written, in seconds.
     pub commit_to_archive_seconds: Histogram,
-    /// A replication session is streaming.
-    pub ready: AtomicBool,
+    /// 1 while a replication session is streaming.
+    pub ready: Gauge,
+    registry: Registry,
 }
 
-pub static METRICS: Metrics = Metrics {
-    changes_received: AtomicU64::new(0),
-    changes_archived: AtomicU64::new(0),
-    objects_written: AtomicU64::new(0),
-    bytes_written: AtomicU64::new(0),
-    put_retries: AtomicU64::new(0),
-    parked_batches: AtomicI64::new(0),
-    held_batches: AtomicI64::new(0),
-    slot_lag_bytes: AtomicI64::new(0),
-    put_seconds: Histogram::new(),
-    commit_to_archive_seconds: Histogram::new(),
-    ready: AtomicBool::new(false),
-};
+pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
 impl Metrics {
-    /// The Prometheus text exposition of every metric.
+    fn new() -> Metrics {
+        let histogram = || Histogram::new(BUCKETS);
+        let mut m = Metrics {
+            changes_received: Counter::default(),
+            changes_archived: Counter::default(),
+            objects_written: Counter::default(),
+            bytes_written: Counter::default(),
+            put_retries: Counter::default(),
+            parked_batches: Gauge::default(),
+            held_batches: Gauge::default(),
+            slot_lag_bytes: Gauge::default(),
+            put_seconds: histogram(),
+            commit_to_archive_seconds: histogram(),
+            ready: Gauge::default(),
+            registry: Registry::with_prefix("waltail"),
+        };
+        // Names without the `_total` of counters, which the encoder adds;
+        // help without its final full stop, which the registry adds.
+        let counters = [
+            (
+                "changes_received",
+                "Changes read from Postgres",
+                &m.changes_received,
+            ),
+            (
+                "changes_archived",
+                "Changes written to the archive",
+                &m.changes_archived,
+            ),
+            (
+                "objects_written",
+                "Objects written to the archive",
+                &m.objects_written,
+            ),
+            (
+                "bytes_written",
+                "Bytes of archive objects written",
+                &m.bytes_written,
+            ),
+            (
+                "put_retries",
+                "Failed PUT attempts that were retried",
+                &m.put_retries,
+            ),
+        ];
+        for (name, help, counter) in counters {
+            m.registry.register(name, help, counter.clone());
+        }
+        let gauges = [
+            (
+                "parked_batches",
+                "Batches parked after failing every attempt",
+                &m.parked_batches,
+            ),
+            (
+                "held_batches",
+                "Batches held behind parked batches on the same rows",
+                &m.held_batches,
+            ),
+            (
+                "slot_lag_bytes",
+                "WAL the server has sent past the confirmed position",
+                &m.slot_lag_bytes,
+            ),
+            (
+                "ready",
+                "1 while a replication session is streaming",
+                &m.ready,
+            ),
+        ];
+        for (name, help, gauge) in gauges {
+            m.registry.register(name, help, gauge.clone());
+        }
+        m.registry.register(
+            "put_seconds",
+            "Duration of each PUT attempt",
+            m.put_seconds.clone(),
+        );
+        m.registry.register(
+            "commit_to_archive_seconds",
+            "From a batch's first commit to its object being written",
+            m.commit_to_archive_seconds.clone(),
+        );
+        m
+    }
+
+    /// The Prometheus text exposition (version 0.0.4) of every metric.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
-        let counters: [(&str, &str, &AtomicU64); 5] = [
-            (
-                "waltail_changes_received_total",
-                "Changes read from Postgres.",
-                &self.changes_received,
-            ),
-            (
-                "waltail_changes_archived_total",
-                "Changes written to the archive.",
-                &self.changes_archived,
-            ),
-            (
-                "waltail_objects_written_total",
-                "Objects written to the archive.",
-                &self.objects_written,
-            ),
-            (
-                "waltail_bytes_written_total",
-                "Bytes of archive objects written.",
-                &self.bytes_written,
-            ),
-            (
-                "waltail_put_retries_total",
-                "Failed PUT attempts that were retried.",
-                &self.put_retries,
-            ),
-        ];
-        for (name, help, v) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                v.load(Relaxed)
-            );
-        }
-        let gauges: [(&str, &str, i64); 4] = [
-            (
-                "waltail_parked_batches",
-                "Batches parked after failing every attempt.",
-                self.parked_batches.load(Relaxed),
-            ),
-            (
-                "waltail_held_batches",
-                "Batches held behind parked batches on the same rows.",
-                self.held_batches.load(Relaxed),
-            ),
-            (
-                "waltail_slot_lag_bytes",
-                "WAL the server has sent past the confirmed position.",
-                self.slot_lag_bytes.load(Relaxed),
-            ),
-            (
-                "waltail_ready",
-                "1 while a replication session is streaming.",
-                i64::from(self.ready.load(Relaxed)),
-            ),
-        ];
-        for (name, help, v) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        }
-        self.put_seconds.render(
-            &mut out,
-            "waltail_put_seconds",
-            "Duration of each PUT attempt.",
-        );
-        self.commit_to_archive_seconds.render(
-            &mut out,
-            "waltail_commit_to_archive_seconds",
-            "From a batch's first commit to its object being written.",
-        );
+        prometheus_text::encode(&mut out, &self.registry).expect("writing to a String");
         out
     }
 }
+
+/// The `Content-Type` of [`Metrics::render`]'s text.
+pub const METRICS_CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 // ---- slot lag warning ----
 
@@ -311,5 +286,33 @@ mod tests {
     fn lag_warning_off_at_zero() {
         let mut w = LagWatch::new(0, "s");
         assert_eq!(w.check(u64::MAX, Instant::now()), None);
+    }
+
+    /// The exposition keeps the names, types and help that dashboards and
+    /// alerts were written against, in Prometheus's text format.
+    #[test]
+    fn metrics_render_in_the_prometheus_text_format() {
+        let m = Metrics::new();
+        m.changes_archived.inc_by(7);
+        m.held_batches.set(2);
+        m.put_seconds.observe(0.03);
+        let text = m.render();
+        for line in [
+            "# HELP waltail_changes_archived_total Changes written to the archive.",
+            "# TYPE waltail_changes_archived_total counter",
+            "waltail_changes_archived_total 7",
+            "# TYPE waltail_held_batches gauge",
+            "waltail_held_batches 2",
+            "# TYPE waltail_put_seconds histogram",
+            "waltail_put_seconds_bucket{le=\"0.025\"} 0",
+            "waltail_put_seconds_bucket{le=\"0.05\"} 1",
+            "waltail_put_seconds_bucket{le=\"+Inf\"} 1",
+            "waltail_put_seconds_count 1",
+            "# TYPE waltail_ready gauge",
+            "# TYPE waltail_commit_to_archive_seconds histogram",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+        }
+        assert!(!text.contains(".."), "{text}");
     }
 }

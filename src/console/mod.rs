@@ -361,21 +361,21 @@ impl Console {
             Ok(v) => v,
             Err(resp) => return resp,
         };
-        let lag = METRICS.slot_lag_bytes.load(Relaxed).max(0) as u64;
+        let lag = METRICS.slot_lag_bytes.get().max(0) as u64;
         json_reply(
             StatusCode::OK,
             &json!({
                 "pipeline": self.pipeline,
                 "slot": self.slot,
                 "destination": self.destination,
-                "ready": METRICS.ready.load(Relaxed),
+                "ready": METRICS.ready.get() == 1,
                 "confirmed_lsn": cursor.map(|c| lsn::format(c.confirmed_lsn)),
                 "next_seq": cursor.map(|c| c.next_seq),
-                "changes_received": METRICS.changes_received.load(Relaxed),
-                "changes_archived": METRICS.changes_archived.load(Relaxed),
-                "objects_written": METRICS.objects_written.load(Relaxed),
-                "bytes_written": METRICS.bytes_written.load(Relaxed),
-                "put_retries": METRICS.put_retries.load(Relaxed),
+                "changes_received": METRICS.changes_received.get(),
+                "changes_archived": METRICS.changes_archived.get(),
+                "objects_written": METRICS.objects_written.get(),
+                "bytes_written": METRICS.bytes_written.get(),
+                "put_retries": METRICS.put_retries.get(),
                 "parked": parked,
                 "held": held,
                 "slot_lag_bytes": lag,

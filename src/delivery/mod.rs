@@ -22,7 +22,6 @@ use crate::row_identity::Holds;
 use crate::sink::{NDJSON_CONTENT_TYPE, Sink};
 use crate::{Error, Result};
 pub use retry::RetryPolicy;
-use std::sync::atomic::Ordering::Relaxed;
 
 use crate::telemetry::METRICS;
 
@@ -170,7 +169,7 @@ async fn put_with_retry_typed(
     loop {
         let started = std::time::Instant::now();
         let result = sink.put(key, body.clone(), content_type).await;
-        METRICS.put_seconds.observe(started.elapsed());
+        METRICS.put_seconds.observe(started.elapsed().as_secs_f64());
         match result {
             Ok(()) => return Ok(()),
             Err(e) => {
@@ -188,7 +187,7 @@ async fn put_with_retry_typed(
                     error = %Report(&e),
                     "PUT failed; retrying"
                 );
-                METRICS.put_retries.fetch_add(1, Relaxed);
+                METRICS.put_retries.inc();
                 tokio::time::sleep(delay).await;
                 attempt += 1;
             }

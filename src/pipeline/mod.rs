@@ -50,7 +50,6 @@ use crate::source::{self, setup};
 use crate::sql::quote_ident;
 use crate::telemetry::{LagWatch, METRICS};
 use crate::{Error, Result};
-use std::sync::atomic::Ordering::Relaxed;
 
 /// Event batches buffered between the source and the pipeline (of at most
 /// [`stream::EVENT_BATCH`] events each, so about 4,096 events). Small:
@@ -345,14 +344,14 @@ struct ReadyWhileStreaming;
 
 impl ReadyWhileStreaming {
     fn new() -> Self {
-        METRICS.ready.store(true, Relaxed);
+        METRICS.ready.set(1);
         ReadyWhileStreaming
     }
 }
 
 impl Drop for ReadyWhileStreaming {
     fn drop(&mut self) {
-        METRICS.ready.store(false, Relaxed);
+        METRICS.ready.set(0);
     }
 }
 
@@ -801,7 +800,7 @@ impl Pipeline<'_> {
                 // the server's whole WAL history.
                 if self.cursor.confirmed_lsn > 0 {
                     let lag = wal_end.saturating_sub(self.cursor.confirmed_lsn);
-                    METRICS.slot_lag_bytes.store(lag as i64, Relaxed);
+                    METRICS.slot_lag_bytes.set(lag as i64);
                     self.lag.observe(lag);
                 }
                 let idle = !self.open_txn
@@ -824,7 +823,7 @@ impl Pipeline<'_> {
 
     /// Numbers a change and hands it to the batcher.
     fn push_change(&mut self, change: &envelope::Change) -> Result<()> {
-        METRICS.changes_received.fetch_add(1, Relaxed);
+        METRICS.changes_received.inc();
         let seq = self.next_seq;
         self.next_seq += 1;
         JOURNAL.captured(seq, change);
@@ -1142,8 +1141,8 @@ impl Pipeline<'_> {
         JOURNAL.settled(batch.first_seq, batch.last_seq, fate, Some(&batch.key));
         if !batch.from_parked {
             match status {
-                ParkStatus::Held => METRICS.held_batches.fetch_add(1, Relaxed),
-                _ => METRICS.parked_batches.fetch_add(1, Relaxed),
+                ParkStatus::Held => METRICS.held_batches.inc(),
+                _ => METRICS.parked_batches.inc(),
             };
             self.parking.parked(batch);
             self.frontier.mark(batch.first_seq, batch.last_seq);
@@ -1179,9 +1178,9 @@ impl Pipeline<'_> {
 
     fn written(&mut self, batch: Batch, bytes: usize) -> Result<()> {
         let n = batch.changes();
-        METRICS.changes_archived.fetch_add(n, Relaxed);
-        METRICS.objects_written.fetch_add(1, Relaxed);
-        METRICS.bytes_written.fetch_add(bytes as u64, Relaxed);
+        METRICS.changes_archived.inc_by(n);
+        METRICS.objects_written.inc();
+        METRICS.bytes_written.inc_by(bytes as u64);
         JOURNAL.settled(
             batch.first_seq,
             batch.last_seq,
@@ -1191,7 +1190,7 @@ impl Pipeline<'_> {
         if !batch.from_parked {
             let committed = pgtime::to_utc(batch.commit_ts);
             if let Ok(age) = (chrono::Utc::now() - committed).to_std() {
-                METRICS.commit_to_archive_seconds.observe(age);
+                METRICS.commit_to_archive_seconds.observe(age.as_secs_f64());
             }
         }
         if batch.from_parked {
@@ -1224,10 +1223,8 @@ impl Pipeline<'_> {
             .iter()
             .filter(|p| p.status == ParkStatus::Held)
             .count() as i64;
-        METRICS.held_batches.store(held, Relaxed);
-        METRICS
-            .parked_batches
-            .store(parked.len() as i64 - held, Relaxed);
+        METRICS.held_batches.set(held);
+        METRICS.parked_batches.set(parked.len() as i64 - held);
         self.parking.reload(parked);
         Ok(())
     }
