@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     min: Duration,
     max: Duration,
     current: Duration,
@@ -14,7 +14,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// Starts at `min`; each [`grow`](Self::grow) doubles it up to `max`.
-    pub fn new(min: Duration, max: Duration) -> Self {
+    pub(crate) fn new(min: Duration, max: Duration) -> Self {
         Backoff {
             min,
             max,
@@ -23,17 +23,17 @@ impl Backoff {
     }
 
     /// The wait now.
-    pub fn wait(&self) -> Duration {
+    pub(crate) fn wait(&self) -> Duration {
         self.current
     }
 
     /// The next wait is twice this one, at most the ceiling.
-    pub fn grow(&mut self) {
+    pub(crate) fn grow(&mut self) {
         self.current = (self.current * 2).min(self.max);
     }
 
     /// Back to the floor (after a success).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.current = self.min;
     }
 }

@@ -34,7 +34,7 @@ use crate::{Error, Result};
 
 /// The `(L, S)` pair described in the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Cursor {
+pub(crate) struct Cursor {
     pub confirmed_lsn: u64,
     pub next_seq: u64,
 }
@@ -43,7 +43,7 @@ pub struct Cursor {
 const META_ROW_IDENTITY: &str = "row_identity";
 
 /// The pipeline's local state store.
-pub struct Checkpoint {
+pub(crate) struct Checkpoint {
     conn: Connection,
     path: PathBuf,
 }
@@ -164,7 +164,7 @@ const ADDED_COLUMNS: [(&str, &str, &str); 4] = [
 
 /// Where a parked-table batch stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ParkStatus {
+pub(crate) enum ParkStatus {
     /// Failed every attempt; waits for `waltail parked replay`.
     Parked,
     /// Touches a row of a parked batch; released after it, in seq order.
@@ -174,7 +174,7 @@ pub enum ParkStatus {
 }
 
 impl ParkStatus {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ParkStatus::Parked => "parked",
             ParkStatus::Held => "held",
@@ -193,7 +193,7 @@ impl ParkStatus {
 
 /// A parked or held batch as stored.
 #[derive(Debug, Clone)]
-pub struct Parked {
+pub(crate) struct Parked {
     pub first_seq: u64,
     pub last_seq: u64,
     pub key: String,
@@ -208,7 +208,7 @@ pub struct Parked {
 
 impl Parked {
     /// The tables the batch touches (kept by name, comma-separated).
-    pub fn tables(&self) -> Vec<std::sync::Arc<crate::archive::envelope::TableRef>> {
+    pub(crate) fn tables(&self) -> Vec<std::sync::Arc<crate::archive::envelope::TableRef>> {
         self.table_names()
             .map(|name| {
                 std::sync::Arc::new(crate::archive::envelope::TableRef::from_name(
@@ -220,7 +220,7 @@ impl Parked {
 
     /// The identities of the tables the batch touches (see
     /// [`row_identity::Holds`]).
-    pub fn table_hashes(&self) -> Vec<u64> {
+    pub(crate) fn table_hashes(&self) -> Vec<u64> {
         self.table_names().map(row_identity::table).collect()
     }
 
@@ -274,7 +274,7 @@ const BUSY_WAIT_MS: i32 = 5000;
 
 impl Checkpoint {
     /// Opens (or creates) the state file, and its folder with mode 0700.
-    pub fn open(path: &Path) -> Result<Checkpoint> {
+    pub(crate) fn open(path: &Path) -> Result<Checkpoint> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             create_private_dir(dir)?;
         }
@@ -333,7 +333,7 @@ impl Checkpoint {
     }
 
     /// The cursor, or `None` when this pipeline has never confirmed anything.
-    pub fn cursor(&self) -> Result<Option<Cursor>> {
+    pub(crate) fn cursor(&self) -> Result<Option<Cursor>> {
         self.conn
             .query_row(
                 "SELECT confirmed_lsn, next_seq FROM cursor WHERE id = 1",
@@ -350,14 +350,14 @@ impl Checkpoint {
     }
 
     /// A free-form value kept beside the cursor (e.g. the slot's identity).
-    pub fn meta(&self, key: &str) -> Result<Option<String>> {
+    pub(crate) fn meta(&self, key: &str) -> Result<Option<String>> {
         self.conn
             .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
             .optional()
             .map_err(self.err())
     }
 
-    pub fn set_meta(&self, key: &str, value: &str) -> Result<()> {
+    pub(crate) fn set_meta(&self, key: &str, value: &str) -> Result<()> {
         self.conn
             .execute(
                 "INSERT INTO meta (key, value) VALUES (?1, ?2)
@@ -369,7 +369,7 @@ impl Checkpoint {
     }
 
     /// Intents that are not wholly before `next_seq`, in seq order.
-    pub fn open_intents(&self, next_seq: u64) -> Result<Vec<Intent>> {
+    pub(crate) fn open_intents(&self, next_seq: u64) -> Result<Vec<Intent>> {
         let mut stmt = self
             .conn
             .prepare(
@@ -415,13 +415,19 @@ impl Checkpoint {
     }
 
     /// Records a batch's seq range before its PUT (durable on return).
-    pub fn record_intent(&mut self, first_seq: u64, last_seq: u64, codec: Codec) -> Result<()> {
+    #[cfg(test)]
+    pub(crate) fn record_intent(
+        &mut self,
+        first_seq: u64,
+        last_seq: u64,
+        codec: Codec,
+    ) -> Result<()> {
         self.record_intents(&[(first_seq, last_seq, codec)])
     }
 
     /// Records the seq ranges of several batches in one transaction (one
     /// sync to disk for all of them; durable on return).
-    pub fn record_intents(&mut self, ranges: &[(u64, u64, Codec)]) -> Result<()> {
+    pub(crate) fn record_intents(&mut self, ranges: &[(u64, u64, Codec)]) -> Result<()> {
         let path = self.path.display().to_string();
         let err = |source| Error::State {
             path: path.clone(),
@@ -446,7 +452,7 @@ impl Checkpoint {
 
     /// Marks written batches done and, in the same transaction, moves the
     /// cursor (when given) and forgets intents wholly before it.
-    pub fn commit(&mut self, done: &[u64], cursor: Option<Cursor>) -> Result<()> {
+    pub(crate) fn commit(&mut self, done: &[u64], cursor: Option<Cursor>) -> Result<()> {
         let path = self.path.display().to_string();
         let err = |source| Error::State {
             path: path.clone(),
@@ -481,7 +487,7 @@ impl Checkpoint {
 impl Checkpoint {
     /// Stores a batch as parked or held and marks its intent done (it is
     /// durable here; restarts skip its seqs), in one transaction.
-    pub fn park(&mut self, p: &Parked) -> Result<()> {
+    pub(crate) fn park(&mut self, p: &Parked) -> Result<()> {
         let path = self.path.display().to_string();
         let err = |source| Error::State {
             path: path.clone(),
@@ -520,7 +526,7 @@ impl Checkpoint {
     }
 
     /// Every parked, held or replay-requested batch, in seq order.
-    pub fn parked(&self) -> Result<Vec<Parked>> {
+    pub(crate) fn parked(&self) -> Result<Vec<Parked>> {
         let mut stmt = self
             .conn
             .prepare(&format!(
@@ -532,7 +538,7 @@ impl Checkpoint {
     }
 
     /// Forgets a parked or held batch once it is written.
-    pub fn unpark(&mut self, first_seq: u64) -> Result<()> {
+    pub(crate) fn unpark(&mut self, first_seq: u64) -> Result<()> {
         self.conn
             .execute(
                 "DELETE FROM parked WHERE first_seq = ?1",
@@ -544,7 +550,7 @@ impl Checkpoint {
 
     /// Asks the running pipeline to replay parked batches (`None`: all of
     /// them). Returns how many were marked.
-    pub fn request_replay(&mut self, first_seq: Option<u64>) -> Result<usize> {
+    pub(crate) fn request_replay(&mut self, first_seq: Option<u64>) -> Result<usize> {
         let n = match first_seq {
             Some(id) => self.conn.execute(
                 "UPDATE parked SET status = 'replay' WHERE first_seq = ?1 AND status = 'parked'",
@@ -560,7 +566,7 @@ impl Checkpoint {
 
     /// A number that changes whenever another connection (e.g. `waltail
     /// parked replay`) has committed to this database: cheap to poll.
-    pub fn data_version(&self) -> Result<i64> {
+    pub(crate) fn data_version(&self) -> Result<i64> {
         self.conn
             .query_row("PRAGMA data_version", [], |r| r.get(0))
             .map_err(self.err())
@@ -569,7 +575,7 @@ impl Checkpoint {
 
 impl Checkpoint {
     /// The version number recorded for this shape of `table`, if any.
-    pub fn schema_version(&self, table: &str, fingerprint: &str) -> Result<Option<u32>> {
+    pub(crate) fn schema_version(&self, table: &str, fingerprint: &str) -> Result<Option<u32>> {
         self.conn
             .query_row(
                 "SELECT version FROM schemas WHERE tbl = ?1 AND fingerprint = ?2",
@@ -582,7 +588,7 @@ impl Checkpoint {
     }
 
     /// The version a new shape of `table` gets.
-    pub fn next_schema_version(&self, table: &str) -> Result<u32> {
+    pub(crate) fn next_schema_version(&self, table: &str) -> Result<u32> {
         self.conn
             .query_row(
                 "SELECT COALESCE(MAX(version), 0) + 1 FROM schemas WHERE tbl = ?1",
@@ -594,7 +600,12 @@ impl Checkpoint {
     }
 
     /// Records that `version` of `table` is written to the archive.
-    pub fn record_schema(&mut self, table: &str, version: u32, fingerprint: &str) -> Result<()> {
+    pub(crate) fn record_schema(
+        &mut self,
+        table: &str,
+        version: u32,
+        fingerprint: &str,
+    ) -> Result<()> {
         self.conn
             .execute(
                 "INSERT OR IGNORE INTO schemas (tbl, version, fingerprint) VALUES (?1, ?2, ?3)",
@@ -607,7 +618,7 @@ impl Checkpoint {
 
 /// One backfill of one table, as requested and as far as it got.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Backfill {
+pub(crate) struct Backfill {
     pub id: i64,
     pub schema: String,
     pub table: String,
@@ -631,12 +642,12 @@ pub struct Backfill {
 }
 
 impl Backfill {
-    pub fn is_active(&self) -> bool {
+    pub(crate) fn is_active(&self) -> bool {
         self.status == "pending" || self.status == "running"
     }
 
     /// As `status --json` and the console show it.
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "table": format!("{}.{}", self.schema, self.table),
             "status": self.status,
@@ -652,7 +663,7 @@ impl Backfill {
 
 /// A backfill chunk as the pipeline needs it when its high watermark arrives.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Chunk {
+pub(crate) struct Chunk {
     pub id: i64,
     pub backfill: i64,
     pub schema: String,
@@ -670,7 +681,7 @@ pub struct Chunk {
 /// after `lo` up to and including `hi` (each a JSON array of the key
 /// columns' text values; `None`: unbounded).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyRange {
+pub(crate) struct KeyRange {
     pub id: i64,
     pub lo: Option<String>,
     pub hi: Option<String>,
@@ -705,7 +716,7 @@ fn now_text() -> String {
 
 impl Checkpoint {
     /// Records a backfill request; the pipeline's backfill task takes it.
-    pub fn request_backfill(
+    pub(crate) fn request_backfill(
         &mut self,
         schema: &str,
         table: &str,
@@ -723,7 +734,7 @@ impl Checkpoint {
     }
 
     /// Every backfill ever requested, oldest first.
-    pub fn backfills(&self) -> Result<Vec<Backfill>> {
+    pub(crate) fn backfills(&self) -> Result<Vec<Backfill>> {
         let mut stmt = self
             .conn
             .prepare(&format!(
@@ -736,7 +747,7 @@ impl Checkpoint {
 
     /// Backfills in progress and the last `finished` finished ones, oldest
     /// first: what `status` and the console show.
-    pub fn recent_backfills(&self, finished: usize) -> Result<Vec<Backfill>> {
+    pub(crate) fn recent_backfills(&self, finished: usize) -> Result<Vec<Backfill>> {
         let all = self.backfills()?;
         let done: Vec<i64> = all
             .iter()
@@ -750,7 +761,7 @@ impl Checkpoint {
             .collect())
     }
 
-    pub fn backfill(&self, id: i64) -> Result<Option<Backfill>> {
+    pub(crate) fn backfill(&self, id: i64) -> Result<Option<Backfill>> {
         self.conn
             .query_row(
                 &format!("SELECT {BACKFILL_COLUMNS} FROM backfills WHERE id = ?1"),
@@ -762,7 +773,7 @@ impl Checkpoint {
     }
 
     /// The oldest backfill still to do (pending or running).
-    pub fn next_backfill(&self) -> Result<Option<Backfill>> {
+    pub(crate) fn next_backfill(&self) -> Result<Option<Backfill>> {
         self.conn
             .query_row(
                 &format!(
@@ -778,7 +789,7 @@ impl Checkpoint {
 
     /// Moves an active backfill to `status` (running, failed, cancelled),
     /// with the error that ended it.
-    pub fn set_backfill_status(
+    pub(crate) fn set_backfill_status(
         &mut self,
         id: i64,
         status: &str,
@@ -796,7 +807,7 @@ impl Checkpoint {
     }
 
     /// Cancels every pending or running backfill; returns how many.
-    pub fn cancel_backfills(&mut self) -> Result<usize> {
+    pub(crate) fn cancel_backfills(&mut self) -> Result<usize> {
         self.conn
             .execute(
                 "UPDATE backfills SET status = 'cancelled', finished_at = ?1
@@ -808,7 +819,7 @@ impl Checkpoint {
 
     /// The key ranges of `backfill`, in key order (none before its readers
     /// first start).
-    pub fn ranges(&self, backfill: i64) -> Result<Vec<KeyRange>> {
+    pub(crate) fn ranges(&self, backfill: i64) -> Result<Vec<KeyRange>> {
         let mut stmt = self
             .conn
             .prepare("SELECT id, lo, hi, last_key, done FROM backfill_ranges WHERE backfill = ?1 ORDER BY id")
@@ -829,7 +840,7 @@ impl Checkpoint {
     /// Records the key ranges `(lo, hi)` of `backfill`, in key order; the
     /// first starts after `resume` (the position of a backfill begun before
     /// ranges existed) if given.
-    pub fn add_ranges(
+    pub(crate) fn add_ranges(
         &mut self,
         backfill: i64,
         ranges: &[(Option<String>, Option<String>)],
@@ -853,7 +864,7 @@ impl Checkpoint {
 
     /// A new chunk of `backfill` in key range `range`, read by reader
     /// `lane`, before its low watermark is written.
-    pub fn new_chunk(&mut self, backfill: i64, range: i64, lane: u32) -> Result<i64> {
+    pub(crate) fn new_chunk(&mut self, backfill: i64, range: i64, lane: u32) -> Result<i64> {
         self.conn
             .execute(
                 "INSERT INTO backfill_chunks (backfill, range_id, lane) VALUES (?1, ?2, ?3)",
@@ -865,7 +876,7 @@ impl Checkpoint {
 
     /// The chunks of `backfill` that are not done, with their lanes: their
     /// high watermarks may still be on their way through the stream.
-    pub fn unfinished_chunks(&self, backfill: i64) -> Result<Vec<(i64, u32)>> {
+    pub(crate) fn unfinished_chunks(&self, backfill: i64) -> Result<Vec<(i64, u32)>> {
         let mut stmt = self
             .conn
             .prepare(
@@ -880,7 +891,7 @@ impl Checkpoint {
     /// Stores a chunk's rows `(row hash, data JSON)`, before its high
     /// watermark is written. The rows go in as one blob (see [`chunk_body`]):
     /// one write per chunk, not one per row.
-    pub fn store_chunk(
+    pub(crate) fn store_chunk(
         &mut self,
         chunk: i64,
         rows: &[(u64, Vec<u8>)],
@@ -906,7 +917,7 @@ impl Checkpoint {
             .map_err(self.err())
     }
 
-    pub fn chunk(&self, chunk: i64) -> Result<Option<Chunk>> {
+    pub(crate) fn chunk(&self, chunk: i64) -> Result<Option<Chunk>> {
         self.conn
             .query_row(
                 "SELECT c.id, c.backfill, b.schema_name, b.table_name, c.members, c.stored, c.done, c.lane
@@ -931,7 +942,7 @@ impl Checkpoint {
 
     /// A stored chunk's rows `(row hash, data JSON)`, in key order (empty
     /// once forgotten).
-    pub fn chunk_rows(&self, chunk: i64) -> Result<Vec<(u64, Vec<u8>)>> {
+    pub(crate) fn chunk_rows(&self, chunk: i64) -> Result<Vec<(u64, Vec<u8>)>> {
         let body: Option<Vec<u8>> = self
             .conn
             .query_row(
@@ -956,7 +967,7 @@ impl Checkpoint {
 
     /// The places (in key order) of the rows a done chunk left out at its
     /// high watermark: they changed inside its window.
-    pub fn chunk_skipped(&self, chunk: i64) -> Result<Vec<u32>> {
+    pub(crate) fn chunk_skipped(&self, chunk: i64) -> Result<Vec<u32>> {
         let blob: Option<Vec<u8>> = self
             .conn
             .query_row(
@@ -980,7 +991,7 @@ impl Checkpoint {
     /// last key and is done after its last chunk; the backfill is done when
     /// every range is. Idempotent: a chunk seen again after a restart
     /// counts once.
-    pub fn complete_chunk(
+    pub(crate) fn complete_chunk(
         &mut self,
         chunk: i64,
         hw_end: u64,
@@ -1037,7 +1048,7 @@ impl Checkpoint {
     /// stream will not bring those watermarks again. By lane, because a
     /// lane's chunks pass through the stream one after another, while
     /// another lane's chunk with a lower id may still be on its way.
-    pub fn forget_chunks(&mut self, confirmed_lsn: u64) -> Result<()> {
+    pub(crate) fn forget_chunks(&mut self, confirmed_lsn: u64) -> Result<()> {
         self.conn
             .execute(
                 "UPDATE backfill_chunks SET body = NULL WHERE body IS NOT NULL AND id <= (
@@ -1077,7 +1088,7 @@ fn chunk_rows_of(mut body: &[u8]) -> Option<Vec<(u64, Vec<u8>)>> {
 /// A progress sample: at `at` (Unix seconds) the next seq was `next_seq`
 /// and the last object written was `last_key`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Progress {
+pub(crate) struct Progress {
     pub at: i64,
     pub next_seq: u64,
     pub last_key: Option<String>,
@@ -1088,7 +1099,7 @@ const PROGRESS_KEEP_SECS: i64 = 600;
 
 impl Checkpoint {
     /// Records a progress sample (for `waltail status`), keeping ten minutes.
-    pub fn record_progress(&mut self, p: &Progress) -> Result<()> {
+    pub(crate) fn record_progress(&mut self, p: &Progress) -> Result<()> {
         let path = self.path.display().to_string();
         let err = |source| Error::State {
             path: path.clone(),
@@ -1109,7 +1120,7 @@ impl Checkpoint {
     }
 
     /// Progress samples, oldest first.
-    pub fn progress(&self) -> Result<Vec<Progress>> {
+    pub(crate) fn progress(&self) -> Result<Vec<Progress>> {
         let mut stmt = self
             .conn
             .prepare("SELECT at, next_seq, last_key FROM progress ORDER BY at")
@@ -1130,7 +1141,7 @@ impl Checkpoint {
 impl Checkpoint {
     /// Like [`Checkpoint::parked`], without the batches' bytes and rows (left
     /// empty): for listings polled often, such as the console's.
-    pub fn parked_listing(&self) -> Result<Vec<Parked>> {
+    pub(crate) fn parked_listing(&self) -> Result<Vec<Parked>> {
         let mut stmt = self
             .conn
             .prepare(

@@ -46,7 +46,7 @@ async fn answer(
 
 /// Serves `/metrics`, `/healthz`, `/readyz` and the console on `listener`
 /// until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, console: Console) {
+pub(crate) async fn serve(listener: tokio::net::TcpListener, console: Console) {
     let console = Arc::new(console);
     loop {
         let Ok((stream, peer)) = listener.accept().await else {

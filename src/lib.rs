@@ -22,30 +22,30 @@
 //! objects (batch intents are persisted before each PUT).
 
 pub mod archive;
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod batch;
-pub mod checkpoint;
+pub(crate) mod checkpoint;
 pub mod cli;
-pub mod commands;
+pub(crate) mod commands;
 #[cfg(feature = "lakehouse")]
 pub mod compact;
 pub mod config;
-pub mod console;
-pub mod delivery;
+pub(crate) mod console;
+pub(crate) mod delivery;
 pub mod error;
 #[cfg(test)]
 mod fuzzing;
-pub mod http;
+pub(crate) mod http;
 pub mod lsn;
-pub mod pgtime;
-pub mod pgtls;
-pub mod pipeline;
+pub(crate) mod pgtime;
+pub(crate) mod pgtls;
+pub(crate) mod pipeline;
 #[cfg(feature = "lakehouse")]
-pub mod query;
-pub mod row_identity;
-pub mod sink;
+pub(crate) mod query;
+pub(crate) mod row_identity;
+pub(crate) mod sink;
 pub mod source;
-pub mod sql;
-pub mod telemetry;
+pub(crate) mod sql;
+pub(crate) mod telemetry;
 
 pub use error::{Error, Result};

@@ -9,17 +9,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use chrono::{DateTime, Utc};
 
 /// Microseconds between the Unix epoch and Postgres's epoch (2000-01-01 UTC).
-pub const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
+pub(crate) const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
 
 /// A Postgres timestamp as a UTC time; out of chrono's range, the Unix epoch.
-pub fn to_utc(micros: i64) -> DateTime<Utc> {
+pub(crate) fn to_utc(micros: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_micros(micros.saturating_add(PG_EPOCH_OFFSET_MICROS))
         .unwrap_or_default()
 }
 
 /// The wall clock as a Postgres timestamp (a clock before 1970 reads as the
 /// Unix epoch).
-pub fn now_micros() -> i64 {
+pub(crate) fn now_micros() -> i64 {
     let since_unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);

@@ -391,7 +391,7 @@ impl std::fmt::Display for TlsError {
 impl std::error::Error for TlsError {}
 
 /// The fix for a server that refused a plaintext session (pg_hba `hostssl`).
-pub const NEEDS_TLS_HINT: &str = "the server requires TLS: set sslmode=require or stricter in source.url (e.g. ?sslmode=verify-full&sslrootcert=/path/to/ca.pem)";
+pub(crate) const NEEDS_TLS_HINT: &str = "the server requires TLS: set sslmode=require or stricter in source.url (e.g. ?sslmode=verify-full&sslrootcert=/path/to/ca.pem)";
 
 impl TlsError {
     pub fn fatal(message: impl Into<String>, hint: impl Into<String>) -> TlsError {
@@ -589,7 +589,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> tokio_postgres::tls::TlsStream for Rustl
 /// `sslmode` and `sslrootcert`) and the TLS settings they gave (default
 /// `prefer`). Works on both the URL form (`postgres://...?sslmode=...`) and
 /// the key=value form (`host=... sslmode=...`). The CA file is read here.
-pub fn extract(url: &str) -> Result<(String, TlsSettings), String> {
+pub(crate) fn extract(url: &str) -> Result<(String, TlsSettings), String> {
     let (rest, mode, root) = split_tls_params(url)?;
     let mode = match mode {
         None => SslMode::Prefer,

@@ -21,11 +21,11 @@ use std::hash::Hasher;
 use siphasher::sip::SipHasher13;
 
 /// The version of the row identity function, recorded in the local state.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 
 /// One key value of a row, as the replication stream carries it.
 #[derive(Debug, Clone, Copy)]
-pub enum KeyValue<'a> {
+pub(crate) enum KeyValue<'a> {
     /// The value's text (or binary) form.
     Bytes(&'a [u8]),
     Null,
@@ -34,11 +34,11 @@ pub enum KeyValue<'a> {
 }
 
 /// Builds the identity of one row of one table.
-pub struct RowHasher(SipHasher13);
+pub(crate) struct RowHasher(SipHasher13);
 
 impl RowHasher {
     /// Starts the identity of a row of `table` (`schema.name`).
-    pub fn new(table: &str) -> Self {
+    pub(crate) fn new(table: &str) -> Self {
         let mut h = SipHasher13::new_with_keys(0, 0);
         // As `str`'s Hash impl wrote it: the bytes, then 0xFF.
         h.write(table.as_bytes());
@@ -47,7 +47,7 @@ impl RowHasher {
     }
 
     /// Adds the next key value, in column order.
-    pub fn key_value(&mut self, value: KeyValue<'_>) {
+    pub(crate) fn key_value(&mut self, value: KeyValue<'_>) {
         match value {
             // As `[u8]`'s Hash impl wrote it: the length as a 64-bit
             // little-endian integer, then the bytes.
@@ -60,13 +60,13 @@ impl RowHasher {
         }
     }
 
-    pub fn finish(&self) -> u64 {
+    pub(crate) fn finish(&self) -> u64 {
         self.0.finish()
     }
 }
 
 /// The identity that stands for every row of a table (a truncate).
-pub fn table(table: &str) -> u64 {
+pub(crate) fn table(table: &str) -> u64 {
     RowHasher::new(table).finish()
 }
 
@@ -76,7 +76,7 @@ pub fn table(table: &str) -> u64 {
 /// they truncate a table it touches: a truncate's row is its table's
 /// identity ([`table`]), and a truncate changes every row of its table.
 #[derive(Debug, Default)]
-pub struct Holds {
+pub(crate) struct Holds {
     rows: HashMap<u64, u32>,
     /// The tables the holding batches touch.
     tables: HashMap<u64, u32>,
@@ -85,7 +85,7 @@ pub struct Holds {
 impl Holds {
     /// Whether a batch with these rows, touching these tables, must wait
     /// behind the holding batches.
-    pub fn conflicts<'a>(
+    pub(crate) fn conflicts<'a>(
         &self,
         rows: impl IntoIterator<Item = &'a u64>,
         tables: impl IntoIterator<Item = u64>,
@@ -95,7 +95,7 @@ impl Holds {
             || tables.into_iter().any(|t| self.rows.contains_key(&t))
     }
 
-    pub fn add<'a>(
+    pub(crate) fn add<'a>(
         &mut self,
         rows: impl IntoIterator<Item = &'a u64>,
         tables: impl IntoIterator<Item = u64>,
@@ -108,7 +108,7 @@ impl Holds {
         }
     }
 
-    pub fn remove<'a>(
+    pub(crate) fn remove<'a>(
         &mut self,
         rows: impl IntoIterator<Item = &'a u64>,
         tables: impl IntoIterator<Item = u64>,
@@ -129,7 +129,7 @@ impl Holds {
         }
     }
 
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.rows.clear();
         self.tables.clear();
     }

@@ -13,13 +13,13 @@
 
 /// Quotes an SQL identifier (doubling embedded double quotes), so any name is
 /// safe in SQL and keeps its case: `my"slot` becomes `"my""slot"`.
-pub fn quote_ident(s: &str) -> String {
+pub(crate) fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 /// Quotes an SQL string literal (doubling embedded single quotes):
 /// `it's` becomes `'it''s'`.
-pub fn quote_literal(s: &str) -> String {
+pub(crate) fn quote_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 

@@ -16,7 +16,7 @@ pub enum LogFormat {
 /// Installs the global subscriber. Call once, from the binary.
 /// Logs to stderr, waltail's own events at `default` level and its
 /// dependencies' at warn, unless WALTAIL_LOG sets a filter.
-pub fn init_logging(format: LogFormat, default: &str) {
+pub(crate) fn init_logging(format: LogFormat, default: &str) {
     // Dependencies say only warnings and errors by default: the Delta
     // kernel alone logs several info lines per table a run opens.
     let filter = EnvFilter::try_from_env("WALTAIL_LOG")
@@ -52,7 +52,7 @@ const BUCKETS: [f64; 13] = [
 /// histograms: atomics, cloned handles into one registry). One pipeline
 /// runs per process, so one global set (like a Prometheus default
 /// registry) saves threading it through every stage.
-pub struct Metrics {
+pub(crate) struct Metrics {
     pub changes_received: Counter,
     pub changes_archived: Counter,
     pub objects_written: Counter,
@@ -71,7 +71,7 @@ pub struct Metrics {
     registry: Registry,
 }
 
-pub static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+pub(crate) static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
 impl Metrics {
     fn new() -> Metrics {
@@ -161,7 +161,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition (version 0.0.4) of every metric.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
         prometheus_text::encode(&mut out, &self.registry).expect("writing to a String");
         out
@@ -169,19 +169,19 @@ impl Metrics {
 }
 
 /// The `Content-Type` of [`Metrics::render`]'s text.
-pub const METRICS_CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+pub(crate) const METRICS_CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 // ---- slot lag warning ----
 
 /// While the lag stays over the threshold the warning is repeated this often:
 /// a standing reminder in the log, not a line per keepalive.
-pub const LAG_WARN_REPEAT: Duration = Duration::from_secs(300);
+pub(crate) const LAG_WARN_REPEAT: Duration = Duration::from_secs(300);
 
 /// Warns when the slot lag passes `telemetry.slot_lag_warn_bytes`, again at
 /// most every [`LAG_WARN_REPEAT`] while it stays over, and says when it is
 /// back under. Fed by the pipeline on every keepalive.
 #[derive(Debug)]
-pub struct LagWatch {
+pub(crate) struct LagWatch {
     threshold: u64,
     slot: String,
     /// When the lag went over, while it is over.
@@ -200,7 +200,7 @@ enum LagNotice {
 
 impl LagWatch {
     /// A watch on `slot`; `threshold` 0 never warns.
-    pub fn new(threshold: u64, slot: &str) -> LagWatch {
+    pub(crate) fn new(threshold: u64, slot: &str) -> LagWatch {
         LagWatch {
             threshold,
             slot: slot.to_string(),
@@ -210,7 +210,7 @@ impl LagWatch {
     }
 
     /// Takes the lag measured now and logs what needs saying.
-    pub fn observe(&mut self, lag_bytes: u64) {
+    pub(crate) fn observe(&mut self, lag_bytes: u64) {
         match self.check(lag_bytes, Instant::now()) {
             Some(LagNotice::Over(over_for)) => tracing::warn!(
                 slot = %self.slot,

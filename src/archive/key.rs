@@ -13,7 +13,7 @@ use super::codec::Codec;
 use crate::pgtime;
 
 /// The object key of a batch.
-pub fn batch_key(
+pub(crate) fn batch_key(
     prefix: Option<&str>,
     pipeline: &str,
     commit_ts: i64,
@@ -44,7 +44,7 @@ pub fn batch_key(
 /// S3 advises against in keys, `%` and `/` are percent-encoded (UTF-8,
 /// upper-case hex): `public.Mixed Case`, `public.ünï`, `public.quo%22te`,
 /// `public.a%2Fb`. The key is stored exactly as returned.
-pub fn schema_key(prefix: Option<&str>, table: &str, version: u32) -> String {
+pub(crate) fn schema_key(prefix: Option<&str>, table: &str, version: u32) -> String {
     let p = prefix.map(|p| format!("{p}/")).unwrap_or_default();
     format!("{p}_schemas/{}/{version}.json", key_segment(table))
 }
@@ -53,7 +53,7 @@ pub fn schema_key(prefix: Option<&str>, table: &str, version: u32) -> String {
 /// characters, `/`, `%`, and the characters S3 and object_store avoid
 /// (``\ { } ^ ` [ ] " < > ~ # | * ?``); a segment of dots alone is encoded
 /// whole, so it is never `.` or `..`.
-pub fn key_segment(name: &str) -> String {
+pub(crate) fn key_segment(name: &str) -> String {
     const RESERVED: &str = "/%\\{}^`[]\"<>~#|*?";
     let mut out = String::with_capacity(name.len());
     let all_dots = !name.is_empty() && name.bytes().all(|b| b == b'.');
@@ -71,7 +71,7 @@ pub fn key_segment(name: &str) -> String {
 }
 
 /// The key of the connection check's marker object.
-pub fn check_key(prefix: Option<&str>) -> String {
+pub(crate) fn check_key(prefix: Option<&str>) -> String {
     match prefix {
         Some(p) => format!("{p}/.waltail-check"),
         None => ".waltail-check".to_string(),
@@ -79,7 +79,8 @@ pub fn check_key(prefix: Option<&str>) -> String {
 }
 
 /// `key` joined under the optional prefix.
-pub fn under(prefix: Option<&str>, key: &str) -> String {
+#[cfg(feature = "lakehouse")]
+pub(crate) fn under(prefix: Option<&str>, key: &str) -> String {
     match prefix {
         Some(p) => format!("{p}/{key}"),
         None => key.to_string(),
@@ -89,7 +90,8 @@ pub fn under(prefix: Option<&str>, key: &str) -> String {
 /// Parses an archive key relative to the prefix:
 /// `YYYY/MM/DD/<pipeline>-<a>-<b>.ndjson`, plain or compressed (`.gz`,
 /// `.zst`).
-pub fn parse_key(relative: &str, pipeline: &str) -> Option<(String, u64, u64)> {
+#[cfg(feature = "lakehouse")]
+pub(crate) fn parse_key(relative: &str, pipeline: &str) -> Option<(String, u64, u64)> {
     let mut parts = relative.split('/');
     let (y, m, d, name) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     if parts.next().is_some()
@@ -174,6 +176,7 @@ mod tests {
         assert_ne!(k("public.a%2Fb"), k("public.a/b"));
     }
 
+    #[cfg(feature = "lakehouse")]
     #[test]
     fn keys_parse_only_for_this_pipeline() {
         assert_eq!(

@@ -19,7 +19,7 @@ use crate::{Error, Result};
 
 /// One archive object, `[prefix/]YYYY/MM/DD/<pipeline>-<first>-<last>.ndjson`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ArchiveObject {
+pub(crate) struct ArchiveObject {
     pub key: String,
     /// `YYYY-MM-DD`, from the key (the UTC commit date of its first change).
     pub date: String,
@@ -30,7 +30,7 @@ pub struct ArchiveObject {
 
 /// An archive object as the store lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listed {
+pub(crate) struct Listed {
     pub key: String,
     /// `YYYY-MM-DD`, from the key (the UTC commit date of its first change).
     pub date: String,
@@ -43,7 +43,7 @@ pub struct Listed {
 /// Where a listing may start: the first seq wanted, and the date folder of
 /// the object that held the seq before it (recorded by compaction).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resume {
+pub(crate) struct Resume {
     pub seq: u64,
     pub date: String,
 }
@@ -63,7 +63,7 @@ pub struct Resume {
 /// after the last compaction by a source whose clock stepped back more than
 /// a day, dated before the window while nothing newer is in it; compaction
 /// lists everything, so the next run takes them and moves the window.
-pub async fn list_archive(
+pub(crate) async fn list_archive(
     store: &dyn ObjectStore,
     prefix: Option<&str>,
     pipeline: &str,
@@ -119,7 +119,7 @@ fn parsed(meta: ObjectMeta, prefix: Option<&str>, pipeline: &str) -> Option<List
 
 /// Listings of date folders, or GETs and HEADs of small objects, in flight
 /// at once: on S3 each is a round trip.
-pub const REQUESTS_AT_ONCE: usize = 16;
+pub(crate) const REQUESTS_AT_ONCE: usize = 16;
 
 /// The objects in the date folders `YYYY/MM/DD` from `from` (`YYYY-MM-DD`)
 /// on: years, then months, then days found by delimiter listings, keeping
@@ -191,7 +191,7 @@ async fn list_days(
 }
 
 /// Every archive object of `pipeline`, by first seq.
-pub async fn list_objects(
+pub(crate) async fn list_objects(
     store: &dyn ObjectStore,
     prefix: Option<&str>,
     pipeline: &str,
@@ -212,7 +212,7 @@ pub async fn list_objects(
 }
 
 /// Every schema record under `[prefix/]_schemas/`, by table name.
-pub async fn load_schemas(
+pub(crate) async fn load_schemas(
     store: &dyn ObjectStore,
     prefix: Option<&str>,
 ) -> Result<BTreeMap<String, Vec<SchemaRecord>>> {
@@ -254,7 +254,7 @@ pub async fn load_schemas(
 /// what is left of the first request's budget: so a GET whose error is
 /// transient is started again here, for the same 2 minutes, waiting from
 /// 100 ms to 5 s between tries.
-pub async fn get(store: &dyn ObjectStore, path: &ObjectPath) -> Result<bytes::Bytes> {
+pub(crate) async fn get(store: &dyn ObjectStore, path: &ObjectPath) -> Result<bytes::Bytes> {
     retrying(|| async {
         store
             .get(path)
@@ -270,7 +270,7 @@ pub async fn get(store: &dyn ObjectStore, path: &ObjectPath) -> Result<bytes::By
 /// Reads a whole archive object's NDJSON: [`get`], then decoded by its
 /// key's codec (`.ndjson.gz`, `.ndjson.zst`; see [`Codec`]) on the blocking
 /// pool, since an object of megabytes takes milliseconds to inflate.
-pub async fn get_ndjson(store: &dyn ObjectStore, key: &str) -> Result<bytes::Bytes> {
+pub(crate) async fn get_ndjson(store: &dyn ObjectStore, key: &str) -> Result<bytes::Bytes> {
     let body = get(store, &ObjectPath::from(key)).await?;
     if Codec::of_key(key).0 == Codec::None {
         return Ok(body);
@@ -283,7 +283,11 @@ pub async fn get_ndjson(store: &dyn ObjectStore, key: &str) -> Result<bytes::Byt
 
 /// Writes a whole object, started again on a transient error as [`get`] is
 /// (a PUT of the same bytes to the same key is idempotent).
-pub async fn put(store: &dyn ObjectStore, path: &ObjectPath, body: bytes::Bytes) -> Result<()> {
+pub(crate) async fn put(
+    store: &dyn ObjectStore,
+    path: &ObjectPath,
+    body: bytes::Bytes,
+) -> Result<()> {
     retrying(|| async {
         store
             .put(path, body.clone().into())

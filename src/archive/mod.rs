@@ -16,6 +16,7 @@
 
 pub mod codec;
 pub mod envelope;
-pub mod key;
-pub mod listing;
+pub(crate) mod key;
+#[cfg(feature = "lakehouse")]
+pub(crate) mod listing;
 pub mod schema;

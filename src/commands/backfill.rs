@@ -35,7 +35,7 @@ const SAMPLE_ROWS: u64 = 2000;
 
 /// What `waltail backfill` was asked.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// Tables as written on the command line; empty: every configured table.
     pub tables: Vec<String>,
     pub yes: bool,
@@ -43,7 +43,7 @@ pub struct Options {
     pub cancel: bool,
 }
 
-pub async fn backfill(config: &Config, opts: Options) -> Result<ExitCode> {
+pub(crate) async fn backfill(config: &Config, opts: Options) -> Result<ExitCode> {
     // As `run`: the pipeline may run here, so signals and telemetry too.
     let stop = super::stop_on_signals();
     super::serve_telemetry(config).await?;

@@ -10,7 +10,7 @@ use crate::error::Report;
 use crate::sink::Sink;
 use crate::source::check::{self, Finding, Status};
 
-pub async fn check(config: &Config) -> Result<ExitCode> {
+pub(crate) async fn check(config: &Config) -> Result<ExitCode> {
     println!("source       {}", crate::source::describe(&config.source));
     let mut findings = check::run(&config.source).await;
     print_findings(&findings);

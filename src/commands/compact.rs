@@ -6,7 +6,7 @@ use crate::compact::{self, Options};
 use crate::config::Config;
 
 /// Runs `waltail compact` and prints its plan (dry run) or its summary.
-pub async fn compact(config: &Config, opts: &Options) -> Result<()> {
+pub(crate) async fn compact(config: &Config, opts: &Options) -> Result<()> {
     let summary = compact::compact(config, opts).await?;
     if opts.vacuum {
         println!(

@@ -3,15 +3,15 @@
 //! pipeline and the stages, and no stage imports them (or the pipeline)
 //! back. `cli` parses the arguments and dispatches here.
 
-pub mod backfill;
-pub mod check;
+pub(crate) mod backfill;
+pub(crate) mod check;
 #[cfg(feature = "lakehouse")]
-pub mod compact;
-pub mod parked;
+pub(crate) mod compact;
+pub(crate) mod parked;
 #[cfg(feature = "lakehouse")]
-pub mod query;
-pub mod run;
-pub mod status;
+pub(crate) mod query;
+pub(crate) mod run;
+pub(crate) mod status;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
@@ -20,7 +20,7 @@ use crate::{Error, Result};
 
 /// The pipeline's local state, for the commands that read what `run` left
 /// (`status`, `parked`): they never create one.
-pub fn open_state(config: &Config) -> Result<Checkpoint> {
+pub(crate) fn open_state(config: &Config) -> Result<Checkpoint> {
     let path = config.state_file();
     if !path.exists() {
         return Err(Error::fatal(
@@ -38,7 +38,7 @@ pub fn open_state(config: &Config) -> Result<Checkpoint> {
 
 /// Counts SIGINT/SIGTERM: the first asks for a graceful stop, a second one
 /// for an immediate stop (see [`crate::pipeline::Shutdown`]).
-pub fn stop_on_signals() -> tokio::sync::watch::Sender<u32> {
+pub(crate) fn stop_on_signals() -> tokio::sync::watch::Sender<u32> {
     let (tx, _) = tokio::sync::watch::channel(0u32);
     let signals = tx.clone();
     tokio::spawn(async move {
@@ -62,7 +62,7 @@ pub fn stop_on_signals() -> tokio::sync::watch::Sender<u32> {
 
 /// Serves the console, /metrics, /healthz and /readyz when
 /// telemetry.listen is set (`run` and `backfill`).
-pub async fn serve_telemetry(config: &Config) -> Result<()> {
+pub(crate) async fn serve_telemetry(config: &Config) -> Result<()> {
     if let Some(addr) = config.telemetry_listen {
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
             Error::fatal(

@@ -24,7 +24,7 @@ use crate::{Error, Result};
 const REPLAY_WAIT: Duration = Duration::from_secs(600);
 
 /// Prints the parked and held batches.
-pub fn list(config: &Config) -> Result<ExitCode> {
+pub(crate) fn list(config: &Config) -> Result<ExitCode> {
     let cp = super::open_state(config)?;
     let parked = cp.parked()?;
     if parked.is_empty() {
@@ -59,7 +59,7 @@ pub fn list(config: &Config) -> Result<ExitCode> {
 }
 
 /// Replays one parked batch (`Some(id)`) or all of them.
-pub async fn replay(config: &Config, id: Option<u64>) -> Result<ExitCode> {
+pub(crate) async fn replay(config: &Config, id: Option<u64>) -> Result<ExitCode> {
     let mut cp = super::open_state(config)?;
     let wanted: Vec<u64> = cp
         .parked()?

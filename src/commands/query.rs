@@ -10,7 +10,7 @@ use crate::query::{Options, Query};
 use crate::{Error, Result};
 
 /// Runs `waltail query`.
-pub async fn query(config: &Config, opts: &Options) -> Result<ExitCode> {
+pub(crate) async fn query(config: &Config, opts: &Options) -> Result<ExitCode> {
     let format = opts.format.unwrap_or(if std::io::stdout().is_terminal() {
         Format::Table
     } else {

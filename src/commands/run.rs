@@ -7,7 +7,7 @@ use crate::Result;
 use crate::config::Config;
 use crate::pipeline::{self, RunOptions};
 
-pub async fn run(config: &Config, opts: RunOptions) -> Result<ExitCode> {
+pub(crate) async fn run(config: &Config, opts: RunOptions) -> Result<ExitCode> {
     let stop = super::stop_on_signals();
     super::serve_telemetry(config).await?;
     pipeline::run(config, &opts, stop.subscribe()).await?;

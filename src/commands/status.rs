@@ -20,7 +20,7 @@ use crate::{Error, Result};
 const RATE_WINDOW_SECS: i64 = 60;
 
 /// Gathers the status; prints it as text, or as one JSON object with `json`.
-pub async fn status(config: &Config, json: bool) -> Result<ExitCode> {
+pub(crate) async fn status(config: &Config, json: bool) -> Result<ExitCode> {
     let path = config.state_file();
     let cp = super::open_state(config)?;
     let cursor = cp.cursor()?;

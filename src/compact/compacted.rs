@@ -15,11 +15,11 @@ use crate::archive::listing::Resume;
 use crate::{Error, Result};
 
 /// What to do when a file a table's log lists cannot be read.
-pub const UNREADABLE_FIX: &str = "the files a table's Delta log lists must stay in the store: restore them (from the store's versioning or a backup), or delete the table's folders under parquet/ and latest/ to compact it again from the archive";
+pub(crate) const UNREADABLE_FIX: &str = "the files a table's Delta log lists must stay in the store: restore them (from the store's versioning or a backup), or delete the table's folders under parquet/ and latest/ to compact it again from the archive";
 
 /// One compacted table, as a run or a query needs it.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct TableEntry {
+pub(crate) struct TableEntry {
     /// Every change of the table with a lower seq is compacted.
     pub next_seq: u64,
     /// The date folder (`YYYY-MM-DD`) of the last object compacted, so
@@ -49,14 +49,14 @@ pub struct TableEntry {
 
 impl TableEntry {
     /// The latest view's bucket count (at least 1).
-    pub fn bucket_count(&self) -> u32 {
+    pub(crate) fn bucket_count(&self) -> u32 {
         self.buckets.max(1)
     }
 }
 
 /// A source table's history and latest view, as committed.
 #[derive(Debug, Default)]
-pub struct Compacted {
+pub(crate) struct Compacted {
     pub history: Option<Published>,
     pub latest: Option<Published>,
     /// The date folder of the last object compacted (see [`date_app_id`]).
@@ -67,20 +67,20 @@ pub struct Compacted {
 /// (`YYYYMMDD` as its version) of the last object a run compacted: a query
 /// lists the archive from there (see `listing::Resume`). In the same commit
 /// as the seq, so the two never disagree.
-pub fn date_app_id(app_id: &str) -> String {
+pub(crate) fn date_app_id(app_id: &str) -> String {
     format!("{app_id}:date")
 }
 
 /// The date txn of a commit whose last object is in the folder `date`
 /// (none when that is unknown), beside the seq's (see [`date_app_id`]).
-pub fn date_txns(app_id: &str, date: Option<&str>) -> Vec<(String, i64)> {
+pub(crate) fn date_txns(app_id: &str, date: Option<&str>) -> Vec<(String, i64)> {
     date.and_then(date_number)
         .map(|d| vec![(date_app_id(app_id), d)])
         .unwrap_or_default()
 }
 
 /// `YYYY-MM-DD` as the number `YYYYMMDD`, and back.
-pub fn date_number(date: &str) -> Option<i64> {
+pub(crate) fn date_number(date: &str) -> Option<i64> {
     let digits: String = date.chars().filter(char::is_ascii_digit).collect();
     (digits.len() == 8).then(|| digits.parse().ok()).flatten()
 }
@@ -90,14 +90,18 @@ fn number_date(n: i64) -> String {
 }
 
 /// The folder of a table under `parquet/` or `latest/`: `<schema>/<table>`.
-pub fn table_folder(shape: &TableShape) -> String {
+pub(crate) fn table_folder(shape: &TableShape) -> String {
     let root = table_dir(None, "", shape);
     root.trim_start_matches('/').to_string()
 }
 
 impl Compacted {
     /// Reads both logs of `shape`'s table.
-    pub async fn load(loc: &Location, pipeline: &str, shape: &TableShape) -> Result<Compacted> {
+    pub(crate) async fn load(
+        loc: &Location,
+        pipeline: &str,
+        shape: &TableShape,
+    ) -> Result<Compacted> {
         let app = delta::app_id(pipeline, &shape.table);
         let dir = table_folder(shape);
         let (history, latest) = tokio::try_join!(
@@ -119,7 +123,7 @@ impl Compacted {
     /// (its history when it has no key), so a run starts there: the latest
     /// view is committed after the history, and a run stopped between the
     /// two is redone from the latest view's seq (see `compact::run`).
-    pub fn next_seq(&self, keyed: bool) -> Option<u64> {
+    pub(crate) fn next_seq(&self, keyed: bool) -> Option<u64> {
         let done = if keyed {
             self.latest.as_ref()?.seq?
         } else {
@@ -129,7 +133,7 @@ impl Compacted {
     }
 
     /// The table as a run or query needs it, keys under `prefix`.
-    pub fn entry(&self, shape: &TableShape, prefix: Option<&str>) -> TableEntry {
+    pub(crate) fn entry(&self, shape: &TableShape, prefix: Option<&str>) -> TableEntry {
         let keyed = !shape.key.is_empty();
         let next_seq = self.next_seq(keyed).unwrap_or(0);
         let keys = |role: Role, p: &Published| -> Vec<String> {
@@ -183,7 +187,7 @@ impl Compacted {
 /// when they were read). Delta versions follow each other without gaps,
 /// so the next one's commit file either exists or no commit came since:
 /// one HEAD per log instead of reading it.
-pub async fn log_moved(
+pub(crate) async fn log_moved(
     store: &dyn ObjectStore,
     prefix: Option<&str>,
     shape: &TableShape,
@@ -207,7 +211,7 @@ pub async fn log_moved(
 /// Where the NDJSON after every one of `tables` continues, if their Delta
 /// logs know it for each: the lowest `next_seq`, with the earliest date
 /// (see [`crate::archive::listing::list_archive`]).
-pub fn resume_for<'a>(
+pub(crate) fn resume_for<'a>(
     compacted: &BTreeMap<String, TableEntry>,
     tables: impl IntoIterator<Item = &'a String>,
 ) -> Option<Resume> {
@@ -231,14 +235,14 @@ pub fn resume_for<'a>(
 
 /// The first seq a history file holds, from its name
 /// (`<first>-<last>[-<run>].parquet`).
-pub fn history_first_seq(path: &str) -> Option<u64> {
+pub(crate) fn history_first_seq(path: &str) -> Option<u64> {
     let name = path.rsplit('/').next()?.strip_suffix(".parquet")?;
     name.split('-').next()?.parse().ok()
 }
 
 /// Every table of `shapes` that has been compacted, as [`Compacted::entry`]
 /// gives it.
-pub async fn entries<'a>(
+pub(crate) async fn entries<'a>(
     loc: &Location,
     pipeline: &str,
     prefix: Option<&str>,

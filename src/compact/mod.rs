@@ -25,20 +25,20 @@
 
 pub mod change;
 pub mod columns;
-pub mod compacted;
+pub(crate) mod compacted;
 pub mod delta;
 pub mod history;
 pub mod latest;
 pub mod line;
-pub mod plan;
+pub(crate) mod plan;
 pub mod read;
-pub mod rewrite;
+pub(crate) mod rewrite;
 mod scan;
 pub mod session;
 pub mod spool;
 mod task;
 pub mod typing;
-pub mod upgrade;
+pub(crate) mod upgrade;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::IsTerminal;

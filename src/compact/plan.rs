@@ -17,7 +17,7 @@ use crate::archive::listing::ArchiveObject;
 
 /// What a run compacts, fixed before anything is written.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Plan {
+pub(crate) struct Plan {
     pub from_seq: u64,
     pub to_seq: u64,
     /// The tables compacted (`schema.table`).
@@ -31,7 +31,7 @@ pub struct Plan {
 
 /// One history file per table: the changes of `objects` in `first..=last`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PlannedFile {
+pub(crate) struct PlannedFile {
     pub date: String,
     pub first_seq: u64,
     pub last_seq: u64,
@@ -39,7 +39,7 @@ pub struct PlannedFile {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct PlannedObject {
+pub(crate) struct PlannedObject {
     pub key: String,
     pub size: u64,
     /// Seqs of this object below this one are already compacted (an object
@@ -50,7 +50,11 @@ pub struct PlannedObject {
 /// The objects a run takes: those continuing `next_seq` (or the archive's
 /// first seq) without a gap, grouped into history files of one date and at
 /// most `file_bytes` of NDJSON (or one object).
-pub fn plan_files(objects: &[ArchiveObject], next_seq: Option<u64>, file_bytes: u64) -> Planned {
+pub(crate) fn plan_files(
+    objects: &[ArchiveObject],
+    next_seq: Option<u64>,
+    file_bytes: u64,
+) -> Planned {
     let mut planned = Planned::default();
     let Some(start) = next_seq.or_else(|| objects.iter().map(|o| o.first_seq).min()) else {
         return planned;
@@ -98,7 +102,7 @@ pub fn plan_files(objects: &[ArchiveObject], next_seq: Option<u64>, file_bytes: 
 
 /// What [`plan_files`] found.
 #[derive(Debug, Default)]
-pub struct Planned {
+pub(crate) struct Planned {
     pub files: Vec<PlannedFile>,
     /// The first missing seq, when a gap stopped the plan.
     pub gap: Option<u64>,

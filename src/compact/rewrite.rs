@@ -51,7 +51,7 @@ const AT_ONCE: usize = 2;
 /// `name: narrow -> wide`; empty when the files hold the shape's types.
 /// Columns added since hold no values in the earlier files and need no
 /// rewrite: Delta readers read them as null.
-pub fn widened(written: &[Column], shape: &TableShape) -> Vec<String> {
+pub(crate) fn widened(written: &[Column], shape: &TableShape) -> Vec<String> {
     written
         .iter()
         .filter_map(|before| {
@@ -72,7 +72,7 @@ pub fn widened(written: &[Column], shape: &TableShape) -> Vec<String> {
 /// relative to its folder) again in `shape`'s types, under the name of
 /// run `run` and the same seqs and date. Returns the copies, to add in the
 /// commit that removes the originals.
-pub async fn rewrite_history(
+pub(crate) async fn rewrite_history(
     output: &Output,
     prefix: Option<&str>,
     shape: &Arc<TableShape>,

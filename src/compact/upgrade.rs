@@ -34,7 +34,7 @@ use crate::error::ErrorKind;
 use crate::{Error, Result};
 
 /// Where the earlier releases kept their progress, under the prefix.
-pub const MANIFEST_KEY: &str = "_waltail/compaction/manifest.json";
+pub(crate) const MANIFEST_KEY: &str = "_waltail/compaction/manifest.json";
 
 /// Where the upgrade keeps the manifest it read, under the prefix.
 const UPGRADED_KEY: &str = "_waltail/compaction/manifest.upgraded.json";
@@ -77,7 +77,7 @@ struct Move {
 }
 
 /// Whether the archive under `prefix` still has an old manifest.
-pub async fn pending(store: &dyn ObjectStore, prefix: Option<&str>) -> Result<bool> {
+pub(crate) async fn pending(store: &dyn ObjectStore, prefix: Option<&str>) -> Result<bool> {
     let path = ObjectPath::from(under(prefix, MANIFEST_KEY));
     match store.head(&path).await {
         Ok(_) => Ok(true),
@@ -88,7 +88,7 @@ pub async fn pending(store: &dyn ObjectStore, prefix: Option<&str>) -> Result<bo
 
 /// Upgrades the archive in place if an old manifest is there (see the
 /// module doc); returns the tables it wrote logs for.
-pub async fn upgrade(
+pub(crate) async fn upgrade(
     store: &Arc<dyn ObjectStore>,
     prefix: Option<&str>,
     loc: &Location,

@@ -18,7 +18,7 @@ use secrecy::ExposeSecret;
 use super::{Compression, Config, DestinationConfig, KEYS, Origin, Sources, redact_url};
 
 /// The effective configuration as TOML with each key's origin.
-pub fn render(config: &Config, sources: &Sources) -> String {
+pub(crate) fn render(config: &Config, sources: &Sources) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,

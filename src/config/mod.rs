@@ -15,7 +15,7 @@ use schemars::JsonSchema;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-pub mod effective;
+pub(crate) mod effective;
 
 use crate::archive::codec::Codec;
 use crate::pgtls::TlsSettings;

@@ -50,10 +50,10 @@ const CONSOLE_JS: &str = include_str!("console.js");
 
 /// Changes kept from the start of the process: the spec's "first event as
 /// it is captured and delivered", enough to see a new pipeline work.
-pub const FIRST_EVENTS: usize = 20;
+pub(crate) const FIRST_EVENTS: usize = 20;
 /// The latest changes kept beside them, so a long-running pipeline shows
 /// something current too.
-pub const RECENT_EVENTS: usize = 10;
+pub(crate) const RECENT_EVENTS: usize = 10;
 /// Parked batches listed by `/api/parked`; a listing of thousands polled
 /// every second would cost more than it tells (`waltail parked list` shows all).
 const PARKED_SHOWN: usize = 200;
@@ -62,7 +62,7 @@ const CSRF_HEADER: &str = "x-waltail";
 
 /// What became of a change, as far as this process knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fate {
+pub(crate) enum Fate {
     /// Read from Postgres and numbered; its batch is not written yet.
     Captured,
     /// In the archive under its batch's key.
@@ -137,16 +137,16 @@ impl Entries {
 /// [`FIRST_EVENTS`] of the process and the latest [`RECENT_EVENTS`], each
 /// with what became of it. Fed by the pipeline; off (every call returns at
 /// once) unless the console is served, so the hot path pays nothing then.
-pub struct Journal {
+pub(crate) struct Journal {
     on: AtomicBool,
     entries: Mutex<Entries>,
 }
 
 /// The process's journal: one pipeline runs per process (like [`METRICS`]).
-pub static JOURNAL: Journal = Journal::new();
+pub(crate) static JOURNAL: Journal = Journal::new();
 
 impl Journal {
-    pub const fn new() -> Journal {
+    pub(crate) const fn new() -> Journal {
         Journal {
             on: AtomicBool::new(false),
             entries: Mutex::new(Entries::new()),
@@ -154,7 +154,7 @@ impl Journal {
     }
 
     /// Starts recording (the console is being served).
-    pub fn enable(&self) {
+    pub(crate) fn enable(&self) {
         self.on.store(true, Relaxed);
     }
 
@@ -165,7 +165,7 @@ impl Journal {
     }
 
     /// A change was read from Postgres and got `seq`.
-    pub fn captured(&self, seq: u64, change: &Change) {
+    pub(crate) fn captured(&self, seq: u64, change: &Change) {
         if !self.on.load(Relaxed) {
             return;
         }
@@ -193,7 +193,7 @@ impl Journal {
 
     /// The batch holding seqs `first_seq..=last_seq` came to `fate`
     /// (under `key`, when it has one).
-    pub fn settled(&self, first_seq: u64, last_seq: u64, fate: Fate, key: Option<&str>) {
+    pub(crate) fn settled(&self, first_seq: u64, last_seq: u64, fate: Fate, key: Option<&str>) {
         if !self.on.load(Relaxed) {
             return;
         }
@@ -235,7 +235,7 @@ impl Default for Journal {
 
 /// The console's view of the configuration: only what it may show, plus
 /// where the state is.
-pub struct Console {
+pub(crate) struct Console {
     pipeline: String,
     slot: String,
     destination: String,
@@ -250,7 +250,7 @@ type Reply = Response<Full<Bytes>>;
 impl Console {
     /// The console of `config`'s pipeline, served on `listen`; starts the
     /// process's event journal.
-    pub fn new(config: &Config, listen: SocketAddr) -> Console {
+    pub(crate) fn new(config: &Config, listen: SocketAddr) -> Console {
         JOURNAL.enable();
         Console {
             pipeline: config.pipeline.clone(),
@@ -263,7 +263,7 @@ impl Console {
     }
 
     /// Answers one request to the console (any path but the probes).
-    pub async fn answer<B>(&self, req: Request<B>, peer: SocketAddr) -> Reply {
+    pub(crate) async fn answer<B>(&self, req: Request<B>, peer: SocketAddr) -> Reply {
         let host = req
             .headers()
             .get(header::HOST)

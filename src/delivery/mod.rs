@@ -7,8 +7,8 @@
 //! error that no batch can get past (credentials refused, bucket missing)
 //! ends delivery with `Err`, and the pipeline stops.
 
-pub mod parking;
-pub mod retry;
+pub(crate) mod parking;
+pub(crate) mod retry;
 
 use std::time::Duration;
 
@@ -21,13 +21,13 @@ use crate::error::{Disposition, Report};
 use crate::row_identity::Holds;
 use crate::sink::{NDJSON_CONTENT_TYPE, Sink};
 use crate::{Error, Result};
-pub use retry::RetryPolicy;
+pub(crate) use retry::RetryPolicy;
 
 use crate::telemetry::METRICS;
 
 /// How a batch's delivery ended.
 #[derive(Debug)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Written {
         batch: Batch,
         bytes: usize,
@@ -41,7 +41,7 @@ pub enum Outcome {
 }
 
 /// The uploads in flight and the rules for starting another.
-pub struct Delivery {
+pub(crate) struct Delivery {
     sink: Sink,
     policy: RetryPolicy,
     max_in_flight: usize,
@@ -55,7 +55,7 @@ pub struct Delivery {
 
 /// Why a batch cannot leave yet.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Wait {
+pub(crate) enum Wait {
     /// All upload slots are busy, or a row of the batch is in flight.
     Busy,
     /// The rate limit allows it at this time.
@@ -63,7 +63,12 @@ pub enum Wait {
 }
 
 impl Delivery {
-    pub fn new(sink: Sink, policy: RetryPolicy, max_in_flight: usize, rate_limit: u32) -> Self {
+    pub(crate) fn new(
+        sink: Sink,
+        policy: RetryPolicy,
+        max_in_flight: usize,
+        rate_limit: u32,
+    ) -> Self {
         Delivery {
             sink,
             policy,
@@ -77,18 +82,18 @@ impl Delivery {
 
     /// Writes one object now, outside the batch flow (schema records), on
     /// the same retry schedule.
-    pub async fn put_now(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
+    pub(crate) async fn put_now(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
         put_with_retry_typed(&self.sink, key, body, &self.policy, content_type)
             .await
             .map_err(|(e, _)| e)
     }
 
-    pub fn is_idle(&self) -> bool {
+    pub(crate) fn is_idle(&self) -> bool {
         self.in_flight.is_empty()
     }
 
     /// Whether `batch` may start now.
-    pub fn can_start(&self, batch: &Batch) -> Result<(), Wait> {
+    pub(crate) fn can_start(&self, batch: &Batch) -> Result<(), Wait> {
         if self.in_flight.len() >= self.max_in_flight
             || self.holds.conflicts(&batch.rows, batch.table_hashes())
         {
@@ -101,7 +106,7 @@ impl Delivery {
     }
 
     /// Starts uploading `batch` under `batch.key` (call [`Delivery::can_start`] first).
-    pub fn start(&mut self, mut batch: Batch) {
+    pub(crate) fn start(&mut self, mut batch: Batch) {
         if self.rate_limit > 0 {
             let cost = Duration::from_secs_f64(batch.changes() as f64 / self.rate_limit as f64);
             self.rate_free_at = self.rate_free_at.max(Instant::now()) + cost;
@@ -129,7 +134,7 @@ impl Delivery {
     }
 
     /// Waits for the next upload to finish. `None` when nothing is in flight.
-    pub async fn next(&mut self) -> Option<Result<Outcome>> {
+    pub(crate) async fn next(&mut self) -> Option<Result<Outcome>> {
         let joined = self.in_flight.join_next().await?;
         let result = match joined {
             Ok(r) => r,
@@ -149,7 +154,7 @@ impl Delivery {
 /// PUTs one object, retrying on the schedule. Gives up at once on errors
 /// that no retry can fix (see [`Error::disposition`]), returning the error
 /// and the number of attempts made.
-pub async fn put_with_retry(
+pub(crate) async fn put_with_retry(
     sink: &Sink,
     key: &str,
     body: Bytes,

@@ -24,7 +24,7 @@ use crate::row_identity::Holds;
 /// [`Holds`]) belongs to a batch still parked or being replayed, or to an
 /// earlier held batch that must still wait. Per-row order is kept because a
 /// held batch leaves only when every earlier batch on its rows is written.
-pub fn releasable(parked: &[Parked]) -> Vec<u64> {
+pub(crate) fn releasable(parked: &[Parked]) -> Vec<u64> {
     let mut blocked = Holds::default();
     for p in parked.iter().filter(|p| p.status != ParkStatus::Held) {
         blocked.add(&p.rows, p.table_hashes());
@@ -49,7 +49,7 @@ pub fn releasable(parked: &[Parked]) -> Vec<u64> {
 
 /// The running pipeline's view of the parking lot.
 #[derive(Debug, Default)]
-pub struct ParkingLot {
+pub(crate) struct ParkingLot {
     /// Rows and tables of parked and held batches: a new batch touching one
     /// is held behind them.
     blocked: Holds,
@@ -64,20 +64,20 @@ pub struct ParkingLot {
 impl ParkingLot {
     /// Whether `batch` touches a row (or a table truncated) of a parked or
     /// held batch: it must be held behind them instead of sent.
-    pub fn blocks(&self, batch: &Batch) -> bool {
+    pub(crate) fn blocks(&self, batch: &Batch) -> bool {
         self.blocked.conflicts(&batch.rows, batch.table_hashes())
     }
 
     /// A new batch was parked or held (and stored): later batches on its
     /// rows wait behind it.
-    pub fn parked(&mut self, batch: &Batch) {
+    pub(crate) fn parked(&mut self, batch: &Batch) {
         self.blocked.add(&batch.rows, batch.table_hashes());
     }
 
     /// Takes the lot as the state holds it now (seq order): the blocked
     /// rows are those of `parked`, and the batches [`releasable`] now are
     /// queued to leave, each once until it is [`settled`](Self::settled).
-    pub fn reload(&mut self, parked: Vec<Parked>) {
+    pub(crate) fn reload(&mut self, parked: Vec<Parked>) {
         self.blocked.clear();
         for p in &parked {
             self.blocked.add(&p.rows, p.table_hashes());
@@ -106,24 +106,24 @@ impl ParkingLot {
     }
 
     /// The next released batch to start, if any.
-    pub fn next(&self) -> Option<&Batch> {
+    pub(crate) fn next(&self) -> Option<&Batch> {
         self.released.front()
     }
 
     /// Takes the batch [`next`](Self::next) showed, to start it.
-    pub fn take(&mut self) -> Option<Batch> {
+    pub(crate) fn take(&mut self) -> Option<Batch> {
         self.released.pop_front()
     }
 
     /// A released batch was written, or failed again (and was parked
     /// again): a later reload may release it anew.
-    pub fn settled(&mut self, first_seq: u64) {
+    pub(crate) fn settled(&mut self, first_seq: u64) {
         self.releasing.remove(&first_seq);
     }
 
     /// Stopping: released batches not started stay in the state for the
     /// next start.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         for b in self.released.drain(..) {
             self.releasing.remove(&b.first_seq);
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 /// When to try again.
 #[derive(Debug, Clone)]
-pub struct RetryPolicy {
+pub(crate) struct RetryPolicy {
     pub max_attempts: u32,
     pub backoff: Vec<Duration>,
 }
@@ -14,7 +14,7 @@ pub struct RetryPolicy {
 impl RetryPolicy {
     /// The wait after failed attempt number `attempt` (1-based), or `None`
     /// when no attempt is left.
-    pub fn delay(&self, attempt: u32) -> Option<Duration> {
+    pub(crate) fn delay(&self, attempt: u32) -> Option<Duration> {
         if attempt >= self.max_attempts {
             return None;
         }

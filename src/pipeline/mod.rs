@@ -84,11 +84,11 @@ const RECONNECT_MAX: Duration = Duration::from_secs(30);
 
 /// Stop requests: the first asks for a graceful stop (flush, confirm, exit),
 /// a second one for an immediate stop.
-pub type Shutdown = watch::Receiver<u32>;
+pub(crate) type Shutdown = watch::Receiver<u32>;
 
 /// Options of `waltail run`.
 #[derive(Debug, Clone, Default)]
-pub struct RunOptions {
+pub(crate) struct RunOptions {
     /// Create a new slot when the recorded one has disappeared.
     pub recreate_slot: bool,
 }
@@ -96,7 +96,7 @@ pub struct RunOptions {
 const META_SLOT: &str = "slot";
 
 /// Streams until asked to stop (Ok) or until an error no retry can fix.
-pub async fn run(config: &Config, opts: &RunOptions, mut shutdown: Shutdown) -> Result<()> {
+pub(crate) async fn run(config: &Config, opts: &RunOptions, mut shutdown: Shutdown) -> Result<()> {
     let mut checkpoint = Checkpoint::open(&config.state_file())?;
     let _lock = lock_pipeline(config)?.ok_or_else(|| {
         Error::fatal(
@@ -155,7 +155,7 @@ pub async fn run(config: &Config, opts: &RunOptions, mut shutdown: Shutdown) -> 
 /// Takes the pipeline's lock file (`<state_dir>/<pipeline>.lock`), held while
 /// `run` runs: `None` when another process holds it. `parked replay` uses it
 /// to know whether to deliver itself or ask the running pipeline.
-pub fn lock_pipeline(config: &Config) -> Result<Option<std::fs::File>> {
+pub(crate) fn lock_pipeline(config: &Config) -> Result<Option<std::fs::File>> {
     let path = config.state_dir.join(format!("{}.lock", config.pipeline));
     let file = std::fs::OpenOptions::new()
         .create(true)

@@ -24,7 +24,7 @@ use crate::{Error, Result};
 
 /// One NDJSON object of the archive.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Object {
+pub(crate) struct Object {
     pub key: String,
     /// `YYYY-MM-DD` from the key: the UTC commit date of its first change.
     pub date: String,
@@ -67,7 +67,7 @@ impl std::str::FromStr for At {
 
 /// The archive as one query sees it.
 #[derive(Debug)]
-pub struct Archive {
+pub(crate) struct Archive {
     pub store: Arc<dyn ObjectStore>,
     pub prefix: Option<String>,
     /// Each compacted table as its Delta logs have it (see
@@ -91,7 +91,7 @@ impl Archive {
     /// `previous` took (the prompt's last), a table whose shape is the same
     /// and whose Delta logs have no newer commit keeps the entry read then
     /// (see [`compacted::log_moved`]) rather than reading its logs again.
-    pub async fn load(
+    pub(crate) async fn load(
         store: Arc<dyn ObjectStore>,
         loc: &Location,
         prefix: Option<&str>,
@@ -161,7 +161,7 @@ impl Archive {
     /// Whether `other` sees the same archive: the same tables and shapes,
     /// compacted files and objects, at the same point. (Objects and
     /// compacted files are never rewritten under their names.)
-    pub fn same_snapshot(&self, other: &Archive) -> bool {
+    pub(crate) fn same_snapshot(&self, other: &Archive) -> bool {
         self.prefix == other.prefix
             && self.max_seq == other.max_seq
             && self.shapes == other.shapes
@@ -171,7 +171,7 @@ impl Archive {
 
     /// Every NDJSON object, compacted or not (`waltail.changes`): listed
     /// when first needed if the snapshot listed only the recent ones.
-    pub async fn every_object(&self) -> Result<Arc<Vec<Object>>> {
+    pub(crate) async fn every_object(&self) -> Result<Arc<Vec<Object>>> {
         self.every
             .get_or_try_init(|| async {
                 list(
@@ -188,7 +188,7 @@ impl Archive {
     }
 
     /// The last seq of the snapshot: of its newest object, or compacted.
-    pub fn end_seq(&self) -> u64 {
+    pub(crate) fn end_seq(&self) -> u64 {
         let listed = self.objects.iter().map(|o| o.last_seq).max().unwrap_or(0);
         let compacted = self
             .compacted
@@ -200,12 +200,12 @@ impl Archive {
     }
 
     /// The first seq of `table` not in its compacted files (0: none are).
-    pub fn next_seq(&self, table: &str) -> u64 {
+    pub(crate) fn next_seq(&self, table: &str) -> u64 {
         self.compacted.get(table).map_or(0, |e| e.next_seq)
     }
 
     /// The compacted latest-view files of `table`, keys in the store.
-    pub fn latest_files(&self, table: &str) -> &[String] {
+    pub(crate) fn latest_files(&self, table: &str) -> &[String] {
         self.compacted
             .get(table)
             .map(|e| e.latest.as_slice())
@@ -214,7 +214,7 @@ impl Archive {
 
     /// The compacted history files of `table` below its `next_seq`, keys
     /// in the store.
-    pub fn history_files(&self, table: &str) -> &[String] {
+    pub(crate) fn history_files(&self, table: &str) -> &[String] {
         self.compacted
             .get(table)
             .map(|e| e.history.as_slice())
@@ -225,7 +225,7 @@ impl Archive {
     /// which a vacuum past `compact.retain` does (replaced files stay that
     /// long, so a query shorter than the retention never sees it); if so,
     /// an error that says so and to run the query again.
-    pub async fn verify_unchanged(&self) -> Result<()> {
+    pub(crate) async fn verify_unchanged(&self) -> Result<()> {
         for entry in self.compacted.values() {
             for file in entry.latest.iter().chain(&entry.history) {
                 if let Err(object_store::Error::NotFound { .. }) =
@@ -241,11 +241,6 @@ impl Archive {
             }
         }
         Ok(())
-    }
-
-    /// `[prefix/]key`.
-    pub fn under(&self, key: &str) -> String {
-        crate::archive::key::under(self.prefix.as_deref(), key)
     }
 }
 
@@ -309,7 +304,7 @@ async fn list(
 
 /// Sorts objects by first seq (the earliest written first among equals) and
 /// keeps, of each, only the seqs no earlier object holds.
-pub fn dedupe(mut all: Vec<Object>) -> Vec<Object> {
+pub(crate) fn dedupe(mut all: Vec<Object>) -> Vec<Object> {
     all.sort_by(|a, b| {
         (
             a.first_seq,
@@ -343,7 +338,7 @@ pub fn dedupe(mut all: Vec<Object>) -> Vec<Object> {
 /// written within about a second of their changes' commit (the batch
 /// linger), and the envelope carries no commit time, so this is the time
 /// the changes reached the archive.
-pub fn seq_at_time(objects: &[Object], t: DateTime<Utc>) -> u64 {
+pub(crate) fn seq_at_time(objects: &[Object], t: DateTime<Utc>) -> u64 {
     let mut seq = 0;
     for o in objects {
         if o.written > t {

@@ -36,7 +36,7 @@ struct Row {
 
 /// The keys touched by the changes since the base, and what became of them.
 #[derive(Debug)]
-pub struct Overlay {
+pub(crate) struct Overlay {
     shape: Arc<TableShape>,
     /// `None`: the key's row is gone (deleted, or moved to another key).
     rows: HashMap<Box<str>, Option<Row>>,
@@ -47,7 +47,7 @@ pub struct Overlay {
 
 impl Overlay {
     /// An overlay over a base (`has_base`), or a view built from nothing.
-    pub fn new(shape: Arc<TableShape>, has_base: bool) -> Overlay {
+    pub(crate) fn new(shape: Arc<TableShape>, has_base: bool) -> Overlay {
         Overlay {
             shape,
             rows: HashMap::new(),
@@ -56,7 +56,7 @@ impl Overlay {
     }
 
     /// Applies one change; changes come in seq order.
-    pub fn apply(&mut self, change: &TypedChange) {
+    pub(crate) fn apply(&mut self, change: &TypedChange) {
         match change.op {
             ChangeOp::Truncate => {
                 self.rows.clear();
@@ -115,7 +115,7 @@ impl Overlay {
     }
 
     /// The base keys whose rows [`Overlay::fill`] needs.
-    pub fn wanted(&self) -> HashSet<Box<str>> {
+    pub(crate) fn wanted(&self) -> HashSet<Box<str>> {
         self.rows
             .values()
             .flatten()
@@ -125,7 +125,7 @@ impl Overlay {
 
     /// Fills the left-out cells from the base rows of [`Overlay::wanted`]
     /// (key -> cells); a key the base lacks fills with nulls.
-    pub fn fill(&mut self, base: &HashMap<Box<str>, Vec<Cell>>) {
+    pub(crate) fn fill(&mut self, base: &HashMap<Box<str>, Vec<Cell>>) {
         for row in self.rows.values_mut().flatten() {
             let Some(from) = row.fill_from.take() else {
                 continue;
@@ -140,22 +140,22 @@ impl Overlay {
     }
 
     /// Whether the base's rows are still part of the view.
-    pub fn base_visible(&self) -> bool {
+    pub(crate) fn base_visible(&self) -> bool {
         self.base_visible
     }
 
     /// Every key whose base row the view must not show.
-    pub fn touched(&self) -> HashSet<Box<str>> {
+    pub(crate) fn touched(&self) -> HashSet<Box<str>> {
         self.rows.keys().cloned().collect()
     }
 
     /// Whether the overlay changes nothing.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.rows.is_empty() && self.base_visible
     }
 
     /// The live rows, in key order, as batches of the data columns and `_key`.
-    pub fn batches(&self, rows_per_batch: usize) -> Vec<RecordBatch> {
+    pub(crate) fn batches(&self, rows_per_batch: usize) -> Vec<RecordBatch> {
         let schema = overlay_schema(&self.shape);
         let mut live: Vec<(&Box<str>, &Row)> = self
             .rows
@@ -186,7 +186,7 @@ impl Overlay {
 }
 
 /// The data columns and `_key`.
-pub fn overlay_schema(shape: &TableShape) -> SchemaRef {
+pub(crate) fn overlay_schema(shape: &TableShape) -> SchemaRef {
     let mut fields: Vec<Field> = shape
         .columns
         .iter()

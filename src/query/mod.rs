@@ -19,11 +19,11 @@
 //! compacted view) and the Parquet footers read stay, so a statement
 //! repeated at the prompt costs its snapshot and its scan, not the build.
 
-pub mod catalog;
-pub mod merge;
-pub mod output;
-pub mod providers;
-pub mod tail;
+pub(crate) mod catalog;
+pub(crate) mod merge;
+pub(crate) mod output;
+pub(crate) mod providers;
+pub(crate) mod tail;
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -48,7 +48,7 @@ use crate::{Error, Result};
 
 /// Where the SQL comes from and how results go out.
 #[derive(Debug, Clone, Default)]
-pub struct Options {
+pub(crate) struct Options {
     /// The SQL text; `-` reads stdin.
     pub sql: Option<String>,
     /// A file holding the SQL (`-`: stdin).
@@ -61,7 +61,7 @@ pub struct Options {
 }
 
 /// What every statement of one invocation shares.
-pub struct Query {
+pub(crate) struct Query {
     sink: Sink,
     loc: Location,
     pipeline: String,
@@ -85,7 +85,12 @@ struct Phases {
 }
 
 impl Query {
-    pub fn new(config: &Config, at: Option<At>, format: Format, timing: bool) -> Result<Query> {
+    pub(crate) fn new(
+        config: &Config,
+        at: Option<At>,
+        format: Format,
+        timing: bool,
+    ) -> Result<Query> {
         // Reads retried like compact's: a reset connection does not fail the query.
         let sink = Sink::with_retry(
             &config.destination,
@@ -145,7 +150,7 @@ impl Query {
     }
 
     /// Runs the statements of `sql`, printing each result.
-    pub async fn run(&self, sql: &str) -> Result<()> {
+    pub(crate) async fn run(&self, sql: &str) -> Result<()> {
         let started = Instant::now();
         let mut phases = Phases::default();
         let (ctx, archive) = self.session(&mut phases).await?;
@@ -223,7 +228,7 @@ impl Query {
     }
 
     /// The interactive prompt: statements end with `;`, `\q` or Ctrl-D quits.
-    pub async fn prompt(&self) -> Result<ExitCode> {
+    pub(crate) async fn prompt(&self) -> Result<ExitCode> {
         eprintln!(
             "waltail query: SQL over the archive; end statements with ';', \\timing times them, \\q or Ctrl-D quits. Try SHOW TABLES;"
         );
@@ -276,7 +281,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// A session with the archive's tables, reading through the destination's store.
-pub fn session(archive: Arc<Archive>) -> std::result::Result<SessionContext, Error> {
+pub(crate) fn session(archive: Arc<Archive>) -> std::result::Result<SessionContext, Error> {
     let mut config = SessionConfig::new()
         .with_information_schema(true)
         .with_default_catalog_and_schema("datafusion", "public");
@@ -295,7 +300,7 @@ pub fn session(archive: Arc<Archive>) -> std::result::Result<SessionContext, Err
 
 /// A DataFusion error as the user sees it: the message and, when
 /// DataFusion or the parser knows it, where in the SQL it is.
-pub fn sql_error(sql: &str, e: DataFusionError) -> Error {
+pub(crate) fn sql_error(sql: &str, e: DataFusionError) -> Error {
     // An error of ours (reading the archive) raised inside DataFusion.
     if let DataFusionError::External(inner) = e.find_root()
         && let Some(ours) = inner.downcast_ref::<Error>()

@@ -29,14 +29,14 @@ pub enum Format {
 
 /// Whether stdout took everything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Written {
+pub(crate) enum Written {
     All,
     /// The reader closed the pipe: stop quietly.
     Closed,
 }
 
 /// Writes a result stream to `out` in `format`; returns the rows written.
-pub async fn write(
+pub(crate) async fn write(
     out: &mut dyn Write,
     format: Format,
     mut stream: SendableRecordBatchStream,

@@ -62,7 +62,7 @@ const BATCH_ROWS: usize = 8192;
 const FETCH_AHEAD: usize = 8;
 
 /// Registers the archive's tables in `ctx`.
-pub fn register(ctx: &SessionContext, archive: Arc<Archive>) -> DfResult<()> {
+pub(crate) fn register(ctx: &SessionContext, archive: Arc<Archive>) -> DfResult<()> {
     let mut by_schema: BTreeMap<String, Vec<Arc<TableShape>>> = BTreeMap::new();
     for shape in archive.shapes.values() {
         let (schema, _) = shape.schema_and_name();

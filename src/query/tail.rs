@@ -40,7 +40,7 @@ use crate::{Error, Result};
 
 /// What a tail table holds.
 #[derive(Debug, Clone)]
-pub enum TailKind {
+pub(crate) enum TailKind {
     /// Every envelope, as written.
     Changes,
     /// One table's changes, typed: the history's columns.
@@ -58,7 +58,7 @@ impl TailKind {
 }
 
 /// The schema of `waltail.changes`.
-pub fn changes_schema() -> SchemaRef {
+pub(crate) fn changes_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("op", DataType::Utf8, false),
         Field::new("table", DataType::Utf8, false),
@@ -72,7 +72,7 @@ pub fn changes_schema() -> SchemaRef {
 }
 
 /// The history's columns plus `date`, the partition column.
-pub fn history_table_schema(shape: &TableShape) -> SchemaRef {
+pub(crate) fn history_table_schema(shape: &TableShape) -> SchemaRef {
     let mut fields: Vec<Field> = history_schema(shape)
         .fields()
         .iter()
@@ -83,13 +83,13 @@ pub fn history_table_schema(shape: &TableShape) -> SchemaRef {
 }
 
 /// `date` as the history's partition column is typed.
-pub fn date_field() -> Field {
+pub(crate) fn date_field() -> Field {
     Field::new("date", DataType::Date32, false)
 }
 
 /// Seq and date ranges a scan needs (inclusive); objects outside are skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bounds {
+pub(crate) struct Bounds {
     pub min_seq: u64,
     pub max_seq: u64,
     /// Days since 1970-01-01.
@@ -112,7 +112,7 @@ impl Bounds {
     /// Narrows the bounds by the filters that compare `seq_column` or
     /// `date` with a constant (`=`, `<`, `<=`, `>`, `>=`, `BETWEEN`); other
     /// filters do not narrow them.
-    pub fn narrow(mut self, filters: &[Expr], seq_column: &str) -> Bounds {
+    pub(crate) fn narrow(mut self, filters: &[Expr], seq_column: &str) -> Bounds {
         for f in filters {
             self.narrow_one(f, seq_column);
         }
@@ -185,7 +185,7 @@ impl Bounds {
     }
 
     /// Whether an object may hold a change within the bounds.
-    pub fn may_hold(&self, o: &Object) -> bool {
+    pub(crate) fn may_hold(&self, o: &Object) -> bool {
         let day = days(&o.date).unwrap_or(0);
         o.from_seq <= self.max_seq
             && o.last_seq >= self.min_seq
@@ -239,7 +239,7 @@ fn as_days(v: &ScalarValue) -> Option<i32> {
 }
 
 /// `YYYY-MM-DD` as days since 1970-01-01.
-pub fn days(date: &str) -> Option<i32> {
+pub(crate) fn days(date: &str) -> Option<i32> {
     let d = NaiveDate::parse_from_str(date, "%Y-%m-%d").ok()?;
     let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).expect("valid");
     i32::try_from((d - epoch).num_days()).ok()
@@ -247,7 +247,7 @@ pub fn days(date: &str) -> Option<i32> {
 
 /// A tail table: the objects of a snapshot with seqs in `min_seq..=max_seq`.
 #[derive(Debug)]
-pub struct TailTable {
+pub(crate) struct TailTable {
     store: Arc<dyn ObjectStore>,
     objects: Arc<Vec<Object>>,
     /// When set, the objects are every one of this archive's, listed at
@@ -259,7 +259,7 @@ pub struct TailTable {
 }
 
 impl TailTable {
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<dyn ObjectStore>,
         objects: Arc<Vec<Object>>,
         kind: TailKind,
@@ -287,7 +287,7 @@ impl TailTable {
     /// `waltail.changes` of `archive`: every object, listed when scanned,
     /// up to the snapshot's last seq (objects written since are left out,
     /// as the other tables of the query leave them out).
-    pub fn every_change(archive: Arc<Archive>) -> TailTable {
+    pub(crate) fn every_change(archive: Arc<Archive>) -> TailTable {
         let mut table = TailTable::new(
             Arc::clone(&archive.store),
             Arc::new(Vec::new()),
@@ -426,7 +426,7 @@ impl PartitionStream for TailPartition {
 
 /// The envelopes of one object as they reach a reader, with their line
 /// index: each seq once, in the object's order.
-pub fn envelopes<'a>(
+pub(crate) fn envelopes<'a>(
     o: &'a Object,
     body: &'a [u8],
     bounds: &'a Bounds,
@@ -445,7 +445,7 @@ pub fn envelopes<'a>(
 }
 
 /// The error of a line that cannot be read.
-pub fn bad_line(o: &Object, n: usize, what: String) -> Error {
+pub(crate) fn bad_line(o: &Object, n: usize, what: String) -> Error {
     Error::fatal(
         format!("{} line {}: {what}", o.key, n + 1),
         "archive objects are written by `waltail run`; restore this one from a copy, or move it away; a filter on seq or date that excludes it skips it",
@@ -498,7 +498,7 @@ fn object_batch(
 }
 
 /// The changes of `shape`'s table in one object, typed.
-pub fn typed_changes(
+pub(crate) fn typed_changes(
     shape: &TableShape,
     o: &Object,
     body: &[u8],

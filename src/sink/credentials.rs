@@ -45,7 +45,7 @@ const MIN_LEFT: Duration = Duration::from_secs(15);
 
 /// The object_store credential provider for an S3 destination whose
 /// credentials do not come as static keys alone.
-pub struct AwsChain {
+pub(crate) struct AwsChain {
     how: How,
     provider: OnceCell<SharedCredentialsProvider>,
     cached: Mutex<Option<Cached>>,
@@ -83,7 +83,7 @@ impl std::fmt::Debug for AwsChain {
 impl AwsChain {
     /// The provider for `s3`, or `None` when the file's static keys are all
     /// there is (object_store signs with them as they are).
-    pub fn for_destination(s3: &S3Config) -> Option<AwsChain> {
+    pub(crate) fn for_destination(s3: &S3Config) -> Option<AwsChain> {
         let keys = s3.access_key_id.clone().zip(s3.secret_access_key.clone());
         if keys.is_some() && s3.role.is_none() {
             return None;

@@ -6,7 +6,7 @@
 //! replaces it; since a batch's key and bytes are deterministic, a retried or
 //! re-sent batch leaves exactly the same object.
 
-pub mod credentials;
+pub(crate) mod credentials;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +26,7 @@ use crate::config::{DestinationConfig, S3Config};
 use crate::{Error, Result};
 
 /// The content type of archive objects.
-pub const NDJSON_CONTENT_TYPE: &str = "application/x-ndjson";
+pub(crate) const NDJSON_CONTENT_TYPE: &str = "application/x-ndjson";
 
 /// Connecting takes at most this long (then the attempt fails and delivery's
 /// own retry policy, the product page's backoff, decides what next).
@@ -34,7 +34,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where objects go.
 #[derive(Clone)]
-pub struct Sink {
+pub(crate) struct Sink {
     store: Arc<dyn ObjectStore>,
     /// The same S3 store's part-by-part interface (see [`Sink::multipart`]).
     multipart: Option<Arc<dyn MultipartStore>>,
@@ -60,7 +60,7 @@ impl std::fmt::Debug for Sink {
 impl Sink {
     /// Builds the store for a destination. Nothing is sent yet.
     /// `timeout` bounds each request (`delivery.request_timeout_ms`).
-    pub fn new(dest: &DestinationConfig, timeout: Duration) -> Result<Sink> {
+    pub(crate) fn new(dest: &DestinationConfig, timeout: Duration) -> Result<Sink> {
         Sink::with_retry(
             dest,
             timeout,
@@ -73,7 +73,7 @@ impl Sink {
 
     /// [`Sink::new`] whose S3 client retries failed requests by `retry`
     /// (`compact` and `query`, which have no retry policy of their own).
-    pub fn with_retry(
+    pub(crate) fn with_retry(
         dest: &DestinationConfig,
         timeout: Duration,
         retry: RetryConfig,
@@ -110,8 +110,10 @@ impl Sink {
         }
     }
 
-    /// A sink over any store (tests use InMemory and fault-injecting wrappers).
-    pub fn from_store(store: Arc<dyn ObjectStore>, prefix: Option<String>) -> Sink {
+    /// A sink over any store (the unit tests use InMemory and wrappers that
+    /// hold back or refuse requests).
+    #[cfg(test)]
+    pub(crate) fn from_store(store: Arc<dyn ObjectStore>, prefix: Option<String>) -> Sink {
         Sink {
             store,
             multipart: None,
@@ -121,11 +123,13 @@ impl Sink {
         }
     }
 
-    pub fn prefix(&self) -> Option<&str> {
+    pub(crate) fn prefix(&self) -> Option<&str> {
         self.prefix.as_deref()
     }
 
-    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+    /// The store itself, for `compact` and `query`, which read and list.
+    #[cfg(feature = "lakehouse")]
+    pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
         &self.store
     }
 
@@ -133,17 +137,18 @@ impl Sink {
     /// upload is sent by number: a part that failed can be sent again
     /// alone (object_store's own multipart writer numbers parts as it goes,
     /// so a failed part fails the upload). `None` for the local folder.
-    pub fn multipart(&self) -> Option<&Arc<dyn MultipartStore>> {
+    #[cfg(feature = "lakehouse")]
+    pub(crate) fn multipart(&self) -> Option<&Arc<dyn MultipartStore>> {
         self.multipart.as_ref()
     }
 
     /// `s3://bucket/prefix` or the folder, for messages.
-    pub fn describe(&self) -> &str {
+    pub(crate) fn describe(&self) -> &str {
         &self.describe
     }
 
     /// Writes one object (whole, or not at all).
-    pub async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
+    pub(crate) async fn put(&self, key: &str, body: Bytes, content_type: &str) -> Result<()> {
         let mut opts = PutOptions::default();
         if self.typed {
             let mut attributes =
@@ -170,7 +175,7 @@ impl Sink {
 
     /// The connection check: writes `[prefix/].waltail-check`, proving that
     /// the store is reachable and accepts our writes.
-    pub async fn check(&self, pipeline: &str) -> Result<String> {
+    pub(crate) async fn check(&self, pipeline: &str) -> Result<String> {
         let key = key::check_key(self.prefix());
         let body = format!(
             "{{\"pipeline\":{},\"checked_at\":\"{}\"}}\n",

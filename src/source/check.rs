@@ -14,7 +14,7 @@ use crate::sql::{quote_ident, quote_literal};
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
+pub(crate) enum Status {
     Pass,
     /// Works, but something deserves attention.
     Warn,
@@ -25,7 +25,7 @@ pub enum Status {
 
 /// One check's result.
 #[derive(Debug, Clone)]
-pub struct Finding {
+pub(crate) struct Finding {
     pub status: Status,
     pub name: String,
     pub detail: String,
@@ -61,7 +61,7 @@ impl Finding {
 const ADVISED_DECODING_WORK_MEM_KB: i64 = 256 * 1024;
 
 /// Runs every source check. Stops early only when Postgres cannot be reached.
-pub async fn run(source: &SourceConfig) -> Vec<Finding> {
+pub(crate) async fn run(source: &SourceConfig) -> Vec<Finding> {
     let mut out = Vec::new();
     let client = match source::connect_sql(source).await {
         Ok(c) => c,

@@ -4,16 +4,16 @@
 //! ([`pgoutput`]), value rendering ([`types`]) and the event stream
 //! ([`stream`]). Ordinary SQL goes through tokio-postgres.
 
-pub mod backfill;
-pub mod catalog;
-pub mod check;
+pub(crate) mod backfill;
+pub(crate) mod catalog;
+pub(crate) mod check;
 pub mod pgoutput;
 pub mod replication;
-pub mod setup;
-pub mod spill;
+pub(crate) mod setup;
+pub(crate) mod spill;
 pub mod stream;
 pub mod types;
-pub mod watermark;
+pub(crate) mod watermark;
 
 use secrecy::ExposeSecret;
 

@@ -14,21 +14,21 @@ use crate::{Error, Result};
 
 /// The first server version whose publications take a partitioned table
 /// (`publish_via_partition_root`, so its partitions' changes carry its name).
-pub const PARTITION_ROOT_VERSION: i64 = 130000;
+pub(crate) const PARTITION_ROOT_VERSION: i64 = 130000;
 
 /// What to do about a partitioned table on a server older than
 /// [`PARTITION_ROOT_VERSION`].
-pub const PARTITIONED_FIX: &str = "list its partitions in source.tables instead (their changes then carry the partitions' names), or upgrade to PostgreSQL 13 or later";
+pub(crate) const PARTITIONED_FIX: &str = "list its partitions in source.tables instead (their changes then carry the partitions' names), or upgrade to PostgreSQL 13 or later";
 
 /// Why a partitioned table cannot be archived from `version`.
-pub fn partitioned_refusal(table: &str, version: &str) -> String {
+pub(crate) fn partitioned_refusal(table: &str, version: &str) -> String {
     format!(
         "{table} is a partitioned table, and PostgreSQL {version} cannot publish one (13 and later can)"
     )
 }
 
 /// Makes the publication exist and publish exactly the configured tables.
-pub async fn ensure_publication(client: &Client, source: &SourceConfig) -> Result<()> {
+pub(crate) async fn ensure_publication(client: &Client, source: &SourceConfig) -> Result<()> {
     let (version, version_text): (i32, String) = client
         .query_one(
             "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
@@ -141,7 +141,7 @@ pub async fn ensure_publication(client: &Client, source: &SourceConfig) -> Resul
 
 /// Whether the pipeline's slot exists; an existing slot of another plugin
 /// or database is an error, never silently reused.
-pub async fn slot_exists(client: &Client, source: &SourceConfig) -> Result<bool> {
+pub(crate) async fn slot_exists(client: &Client, source: &SourceConfig) -> Result<bool> {
     let row = client
         .query_opt(
             "SELECT plugin::text, database::text, current_database()::text
@@ -171,7 +171,7 @@ pub async fn slot_exists(client: &Client, source: &SourceConfig) -> Result<bool>
 }
 
 /// Creates the pipeline's logical slot (pgoutput, in this database).
-pub async fn create_slot(client: &Client, source: &SourceConfig) -> Result<()> {
+pub(crate) async fn create_slot(client: &Client, source: &SourceConfig) -> Result<()> {
     client
         .query(
             "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",

@@ -27,7 +27,7 @@ use crate::archive::envelope::{Change, Op, RowSet, TableRef};
 use crate::{Error, Result};
 
 /// Rendered bytes of in-progress changes kept in memory before spilling.
-pub const MEMORY_BUDGET: usize = 16 * 1024 * 1024;
+pub(crate) const MEMORY_BUDGET: usize = 16 * 1024 * 1024;
 
 /// Buffer size of a spill file's writer and reader.
 const IO_BUFFER: usize = 64 * 1024;
@@ -72,7 +72,7 @@ struct SpillFile {
 
 /// The open streamed transactions' changes (top-level xid -> changes with
 /// their subtransaction id, in stream order).
-pub struct StreamBuffers {
+pub(crate) struct StreamBuffers {
     memory: HashMap<u32, Vec<(u32, Change)>>,
     memory_bytes: usize,
     budget: usize,
@@ -95,7 +95,7 @@ struct SpillReader {
 /// A committed transaction's changes, read out in order, a chunk at a time.
 /// One dropped before its end (the session stopping) leaves its file to the
 /// next session's start, which empties the folder.
-pub struct Drain {
+pub(crate) struct Drain {
     memory: VecDeque<Change>,
     spilled: Option<SpillReader>,
 }
@@ -103,7 +103,7 @@ pub struct Drain {
 impl StreamBuffers {
     /// Buffers spilling to files in the folder `dir` (removed now, with
     /// whatever an earlier session left in it, and created on first spill).
-    pub fn new(dir: &Path, budget: usize) -> Result<Self> {
+    pub(crate) fn new(dir: &Path, budget: usize) -> Result<Self> {
         match std::fs::remove_dir_all(dir) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::NotFound => {}
@@ -122,7 +122,7 @@ impl StreamBuffers {
     }
 
     /// No transaction is open.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.memory.is_empty() && self.spilled.is_empty()
     }
 
@@ -184,7 +184,7 @@ impl StreamBuffers {
     }
 
     /// Adds a change of subtransaction `subxid` to transaction `xid`.
-    pub fn push(&mut self, xid: u32, subxid: u32, change: Change) -> Result<()> {
+    pub(crate) fn push(&mut self, xid: u32, subxid: u32, change: Change) -> Result<()> {
         if self.spilled.contains_key(&xid) {
             let table = self.table_id(&change.table);
             let file = self.spilled.get_mut(&xid).expect("checked above");
@@ -217,7 +217,7 @@ impl StreamBuffers {
 
     /// Drops the changes of an aborted subtransaction (or, when `subxid ==
     /// xid`, of the whole transaction).
-    pub fn abort(&mut self, xid: u32, subxid: u32) -> Result<()> {
+    pub(crate) fn abort(&mut self, xid: u32, subxid: u32) -> Result<()> {
         let whole = xid == subxid;
         if let Some(list) = self.memory.get_mut(&xid) {
             let before: usize = list.iter().map(|(_, c)| size(c)).sum();
@@ -249,7 +249,7 @@ impl StreamBuffers {
     }
 
     /// Takes a committed transaction's changes for reading in order.
-    pub fn take(&mut self, xid: u32) -> Result<Drain> {
+    pub(crate) fn take(&mut self, xid: u32) -> Result<Drain> {
         let memory: VecDeque<Change> = self
             .memory
             .remove(&xid)
@@ -283,7 +283,7 @@ impl StreamBuffers {
     }
 
     /// The next up to `max` changes of `drain`; empty when it is done.
-    pub fn next_chunk(&mut self, drain: &mut Drain, max: usize) -> Result<Vec<Change>> {
+    pub(crate) fn next_chunk(&mut self, drain: &mut Drain, max: usize) -> Result<Vec<Change>> {
         if let Some(reader) = drain.spilled.as_mut() {
             let mut out = Vec::with_capacity(max);
             while out.len() < max {

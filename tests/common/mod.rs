@@ -7,9 +7,9 @@
 
 #![allow(dead_code)]
 
-pub mod pg;
-pub mod proxy;
-pub mod s3;
+pub(crate) mod pg;
+pub(crate) mod proxy;
+pub(crate) mod s3;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,23 +23,23 @@ use object_store::path::Path as ObjectPath;
 use object_store::{Attribute, ObjectStore, ObjectStoreExt};
 use serde_json::Value;
 
-pub fn env_or(name: &str, default: &str) -> String {
+pub(crate) fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
 
 /// The logical-replication Postgres the tests use (admin URL).
-pub fn pg_admin_url() -> String {
+pub(crate) fn pg_admin_url() -> String {
     env_or("WT_TEST_PG", "postgres://postgres@127.0.0.1:55440/postgres")
 }
 
-pub fn pg_replica_url() -> String {
+pub(crate) fn pg_replica_url() -> String {
     env_or(
         "WT_TEST_PG_REPLICA",
         "postgres://postgres@127.0.0.1:55441/postgres",
     )
 }
 
-pub struct S3 {
+pub(crate) struct S3 {
     pub endpoint: String,
     pub bucket: String,
     pub key: String,
@@ -48,7 +48,7 @@ pub struct S3 {
     pub put_secret: String,
 }
 
-pub fn s3() -> S3 {
+pub(crate) fn s3() -> S3 {
     S3 {
         endpoint: env_or("WT_TEST_S3_ENDPOINT", "http://127.0.0.1:8333"),
         bucket: env_or("WT_TEST_S3_BUCKET", "waltail-test"),
@@ -60,12 +60,12 @@ pub fn s3() -> S3 {
 }
 
 /// A unique, valid name for databases, pipelines and prefixes.
-pub fn unique(tag: &str) -> String {
+pub(crate) fn unique(tag: &str) -> String {
     format!("{tag}_{:012x}", fastrand::u64(..) >> 16)
 }
 
 /// A fresh database on the test server, dropped (with its slots) by `drop_db`.
-pub struct TestDb {
+pub(crate) struct TestDb {
     pub name: String,
     pub url: String,
     pub client: tokio_postgres::Client,
@@ -82,11 +82,11 @@ async fn connect(url: &str) -> tokio_postgres::Client {
 }
 
 impl TestDb {
-    pub async fn new(tag: &str) -> TestDb {
+    pub(crate) async fn new(tag: &str) -> TestDb {
         Self::on(&pg_admin_url(), tag).await
     }
 
-    pub async fn on(admin_url: &str, tag: &str) -> TestDb {
+    pub(crate) async fn on(admin_url: &str, tag: &str) -> TestDb {
         let admin = connect(admin_url).await;
         let name = unique(tag);
         admin
@@ -101,7 +101,7 @@ impl TestDb {
 
     /// The server's `server_version_num`, e.g. 150004: tests of what
     /// differs between majors branch on it (see scripts/test-matrix.sh).
-    pub async fn server_version(&self) -> i64 {
+    pub(crate) async fn server_version(&self) -> i64 {
         let row = self
             .client
             .query_one("SELECT current_setting('server_version_num')::bigint", &[])
@@ -110,7 +110,7 @@ impl TestDb {
         row.get(0)
     }
 
-    pub async fn exec(&self, sql: &str) {
+    pub(crate) async fn exec(&self, sql: &str) {
         self.client
             .batch_execute(sql)
             .await
@@ -118,7 +118,7 @@ impl TestDb {
     }
 
     /// Every row of `table` as JSON (to_jsonb in UTC), by its `id` column.
-    pub async fn rows(&self, table: &str) -> BTreeMap<String, Value> {
+    pub(crate) async fn rows(&self, table: &str) -> BTreeMap<String, Value> {
         let rows = self
             .client
             .query(&format!("SELECT to_jsonb(t)::text FROM {table} t"), &[])
@@ -133,7 +133,7 @@ impl TestDb {
     }
 
     /// Another session on an existing test database.
-    pub async fn attach(url: &str) -> TestDb {
+    pub(crate) async fn attach(url: &str) -> TestDb {
         let client = connect(url).await;
         client.batch_execute("SET TimeZone = 'UTC'").await.unwrap();
         TestDb {
@@ -144,7 +144,7 @@ impl TestDb {
     }
 
     /// A new session (after the server restarted).
-    pub async fn reconnect(&mut self) {
+    pub(crate) async fn reconnect(&mut self) {
         self.client = connect(&self.url).await;
         self.client
             .batch_execute("SET TimeZone = 'UTC'")
@@ -152,7 +152,7 @@ impl TestDb {
             .unwrap();
     }
 
-    pub async fn drop_db(self) {
+    pub(crate) async fn drop_db(self) {
         drop(self.client);
         let admin = connect(&pg_admin_url()).await;
         let _ = admin
@@ -167,19 +167,19 @@ impl TestDb {
 }
 
 /// The waltail binary, configured through WALTAIL_* variables, in its own folder.
-pub struct Waltail {
+pub(crate) struct Waltail {
     pub dir: tempfile::TempDir,
     pub env: Vec<(String, String)>,
     child: Option<Child>,
     runs: usize,
 }
 
-pub fn bin() -> &'static str {
+pub(crate) fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_waltail")
 }
 
 impl Waltail {
-    pub fn new(db: &TestDb, pipeline: &str, tables: &str) -> Waltail {
+    pub(crate) fn new(db: &TestDb, pipeline: &str, tables: &str) -> Waltail {
         Waltail {
             dir: tempfile::tempdir().unwrap(),
             env: vec![
@@ -196,7 +196,7 @@ impl Waltail {
 
     /// A waltail for commands that need no database (`compact` of an
     /// archive written by the test).
-    pub fn without_db(pipeline: &str, tables: &str) -> Waltail {
+    pub(crate) fn without_db(pipeline: &str, tables: &str) -> Waltail {
         Waltail {
             dir: tempfile::tempdir().unwrap(),
             env: vec![
@@ -212,14 +212,14 @@ impl Waltail {
         }
     }
 
-    pub fn set(&mut self, key: &str, value: &str) -> &mut Self {
+    pub(crate) fn set(&mut self, key: &str, value: &str) -> &mut Self {
         self.env.retain(|(k, _)| k != key);
         self.env.push((key.into(), value.into()));
         self
     }
 
     /// Points the pipeline at the test bucket under `prefix` with the admin keys.
-    pub fn s3(&mut self, prefix: &str) -> &mut Self {
+    pub(crate) fn s3(&mut self, prefix: &str) -> &mut Self {
         let s3 = s3();
         self.set("WALTAIL_DESTINATION_TYPE", "s3")
             .set("WALTAIL_DESTINATION_BUCKET", &s3.bucket)
@@ -231,7 +231,7 @@ impl Waltail {
             .set("WALTAIL_DESTINATION_SECRET_ACCESS_KEY", &s3.secret)
     }
 
-    pub fn command(&self, args: &[&str]) -> Command {
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(bin());
         cmd.args(args).current_dir(self.dir.path());
         for (k, _) in std::env::vars() {
@@ -244,7 +244,7 @@ impl Waltail {
     }
 
     /// Runs a command to completion: (exit status, stdout, stderr).
-    pub fn output(&self, args: &[&str]) -> (ExitStatus, String, String) {
+    pub(crate) fn output(&self, args: &[&str]) -> (ExitStatus, String, String) {
         let out = self.command(args).output().unwrap();
         (
             out.status,
@@ -253,19 +253,19 @@ impl Waltail {
         )
     }
 
-    pub fn log_path(&self, run: usize) -> PathBuf {
+    pub(crate) fn log_path(&self, run: usize) -> PathBuf {
         self.dir.path().join(format!("run-{run}.log"))
     }
 
     /// Starts `waltail run` in the background and waits until it streams.
-    pub fn start(&mut self) {
+    pub(crate) fn start(&mut self) {
         self.spawn(&["run"]);
         self.wait_log("streaming", Duration::from_secs(30));
     }
 
     /// Starts `waltail <args>` in the background, stdout and stderr into
     /// this run's log.
-    pub fn spawn(&mut self, args: &[&str]) {
+    pub(crate) fn spawn(&mut self, args: &[&str]) {
         assert!(self.child.is_none(), "already running");
         self.runs += 1;
         let log = std::fs::File::create(self.log_path(self.runs)).unwrap();
@@ -279,7 +279,7 @@ impl Waltail {
     }
 
     /// Waits for the background command to exit by itself.
-    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
         let mut child = self.child.take().expect("a command is running");
         let start = Instant::now();
         loop {
@@ -295,11 +295,11 @@ impl Waltail {
         }
     }
 
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.log_path(self.runs)).unwrap_or_default()
     }
 
-    pub fn wait_log(&mut self, needle: &str, timeout: Duration) {
+    pub(crate) fn wait_log(&mut self, needle: &str, timeout: Duration) {
         let start = Instant::now();
         while !self.log().contains(needle) {
             if let Some(child) = self.child.as_mut()
@@ -319,7 +319,7 @@ impl Waltail {
         }
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
     }
 
@@ -333,7 +333,7 @@ impl Waltail {
     }
 
     /// Sends `sig` and waits for the exit.
-    pub fn stop_with(&mut self, sig: &str) -> ExitStatus {
+    pub(crate) fn stop_with(&mut self, sig: &str) -> ExitStatus {
         self.signal(sig);
         let mut child = self.child.take().unwrap();
         let start = Instant::now();
@@ -353,7 +353,7 @@ impl Waltail {
     }
 
     /// Graceful stop: SIGINT, which must flush, confirm and exit 0.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         let status = self.stop_with("INT");
         assert!(
             status.success(),
@@ -363,7 +363,7 @@ impl Waltail {
     }
 
     /// (parked, held) batches as `waltail parked list` shows them.
-    pub fn parked_counts(&self) -> (usize, usize) {
+    pub(crate) fn parked_counts(&self) -> (usize, usize) {
         let (status, stdout, stderr) = self.output(&["parked", "list"]);
         assert!(status.success(), "{stdout}{stderr}");
         let count = |s: &str| {
@@ -376,7 +376,7 @@ impl Waltail {
     }
 
     /// kill -9.
-    pub fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         let _ = self.stop_with("KILL");
     }
 }
@@ -392,7 +392,7 @@ impl Drop for Waltail {
 
 /// One archive object as read back.
 #[derive(Debug, Clone)]
-pub struct Object {
+pub(crate) struct Object {
     pub key: String,
     /// The object's text: an archive object's NDJSON, decoded when it is
     /// compressed (`.ndjson.gz`, `.ndjson.zst`).
@@ -402,7 +402,7 @@ pub struct Object {
 }
 
 /// Whether `key` names an archive object (`.ndjson`, plain or compressed).
-pub fn is_archive_object(key: &str) -> bool {
+pub(crate) fn is_archive_object(key: &str) -> bool {
     waltail::archive::codec::Codec::of_key(key)
         .1
         .ends_with(".ndjson")
@@ -419,7 +419,7 @@ fn text_of(key: &str, bytes: bytes::Bytes) -> Option<String> {
     String::from_utf8(bytes.to_vec()).ok()
 }
 
-pub fn admin_store() -> Arc<dyn ObjectStore> {
+pub(crate) fn admin_store() -> Arc<dyn ObjectStore> {
     let s3 = s3();
     Arc::new(
         AmazonS3Builder::new()
@@ -436,12 +436,12 @@ pub fn admin_store() -> Arc<dyn ObjectStore> {
 }
 
 /// Every object under `prefix` in the test bucket.
-pub async fn s3_objects(prefix: &str) -> Vec<Object> {
+pub(crate) async fn s3_objects(prefix: &str) -> Vec<Object> {
     objects_in(admin_store().as_ref(), prefix).await
 }
 
 /// The keys of the objects under `prefix` in the test bucket, in order.
-pub async fn s3_keys(prefix: &str) -> Vec<String> {
+pub(crate) async fn s3_keys(prefix: &str) -> Vec<String> {
     s3_objects(prefix)
         .await
         .into_iter()
@@ -450,13 +450,13 @@ pub async fn s3_keys(prefix: &str) -> Vec<String> {
 }
 
 /// Every object under `prefix` in `store`, with its content type, by key.
-pub async fn objects_in(store: &dyn ObjectStore, prefix: &str) -> Vec<Object> {
+pub(crate) async fn objects_in(store: &dyn ObjectStore, prefix: &str) -> Vec<Object> {
     objects_where(store, prefix, |_| true).await
 }
 
 /// The objects under `prefix` in `store` whose key `keep` accepts (their
 /// bodies must be text), with their content type, by key.
-pub async fn objects_where(
+pub(crate) async fn objects_where(
     store: &dyn ObjectStore,
     prefix: &str,
     keep: impl Fn(&str) -> bool,
@@ -491,7 +491,7 @@ pub async fn objects_where(
 }
 
 /// Every file under `root`, keys relative to it.
-pub fn file_objects(root: &Path) -> Vec<Object> {
+pub(crate) fn file_objects(root: &Path) -> Vec<Object> {
     fn walk(dir: &Path, root: &Path, out: &mut Vec<Object>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return;
@@ -531,7 +531,11 @@ pub fn file_objects(root: &Path) -> Vec<Object> {
 ///   contract's field order;
 /// - seqs over all objects are 1..=N, each in exactly one object, and
 ///   commit_lsn never goes back as seq grows.
-pub fn checked_changes(objects: &[Object], prefix: Option<&str>, pipeline: &str) -> Vec<Value> {
+pub(crate) fn checked_changes(
+    objects: &[Object],
+    prefix: Option<&str>,
+    pipeline: &str,
+) -> Vec<Value> {
     let schema: Value =
         serde_json::from_str(include_str!("../../schemas/change.schema.json")).unwrap();
     let validator = jsonschema::validator_for(&schema).unwrap();
@@ -602,7 +606,7 @@ pub fn checked_changes(objects: &[Object], prefix: Option<&str>, pipeline: &str)
 }
 
 /// Replays changes (latest by seq per table and id; deletes remove the row).
-pub fn replay(changes: &[Value]) -> BTreeMap<String, BTreeMap<String, Value>> {
+pub(crate) fn replay(changes: &[Value]) -> BTreeMap<String, BTreeMap<String, Value>> {
     let mut tables: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
     for c in changes {
         let t = tables
@@ -626,7 +630,7 @@ pub fn replay(changes: &[Value]) -> BTreeMap<String, BTreeMap<String, Value>> {
 }
 
 /// The seqs of the change lines in `objects`, sorted.
-pub fn seqs_of(objects: &[Object]) -> Vec<u64> {
+pub(crate) fn seqs_of(objects: &[Object]) -> Vec<u64> {
     let mut seqs: Vec<u64> = objects
         .iter()
         .filter(|o| is_archive_object(&o.key))
@@ -647,7 +651,7 @@ pub fn seqs_of(objects: &[Object]) -> Vec<u64> {
 
 /// Asserts that `waltail check` (its `output`) failed on the check named
 /// `line`, with a fix mentioning `fix`; returns the FAIL line.
-pub fn assert_check_fails(
+pub(crate) fn assert_check_fails(
     out: &(std::process::ExitStatus, String, String),
     line: &str,
     fix: &str,
@@ -667,7 +671,7 @@ pub fn assert_check_fails(
 }
 
 /// Polls until `check` returns true, or fails with `what`.
-pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
+pub(crate) async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -682,7 +686,7 @@ where
     }
 }
 
-pub const TABLES: &str = "
+pub(crate) const TABLES: &str = "
     CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL, status text,
                          total numeric(10,2), items jsonb, paid boolean, placed_at timestamptz,
                          note varchar(40), ratio double precision, tags text[]);
@@ -691,7 +695,7 @@ pub const TABLES: &str = "
 
 /// Inserts, updates and deletes across both tables in many transactions of
 /// varying size, from a deterministic generator.
-pub async fn mixed_workload(db: &TestDb, seed: u64, txns: usize, id_base: i64) {
+pub(crate) async fn mixed_workload(db: &TestDb, seed: u64, txns: usize, id_base: i64) {
     let mut rng = fastrand::Rng::with_seed(seed);
     for t in 0..txns {
         db.exec(&mixed_transaction(&mut rng, t, id_base)).await;
@@ -700,7 +704,7 @@ pub async fn mixed_workload(db: &TestDb, seed: u64, txns: usize, id_base: i64) {
 
 /// One transaction of [`mixed_workload`] (the `t`-th): 1 to 5 inserts,
 /// updates and deletes of ids `id_base..id_base + 40` across both tables.
-pub fn mixed_transaction(rng: &mut fastrand::Rng, t: usize, id_base: i64) -> String {
+pub(crate) fn mixed_transaction(rng: &mut fastrand::Rng, t: usize, id_base: i64) -> String {
     let mut sql = String::from("BEGIN;");
     for _ in 0..rng.usize(1..6) {
         let id = id_base + rng.i64(0..40);
@@ -725,7 +729,7 @@ pub fn mixed_transaction(rng: &mut fastrand::Rng, t: usize, id_base: i64) -> Str
 
 /// Whether the objects hold seqs 1..=N with no gap yet (uploads in flight
 /// finish in any order, so a later object can land before an earlier one).
-pub fn contiguous(objects: &[Object]) -> bool {
+pub(crate) fn contiguous(objects: &[Object]) -> bool {
     seqs_of(objects)
         .iter()
         .enumerate()
@@ -733,7 +737,7 @@ pub fn contiguous(objects: &[Object]) -> bool {
 }
 
 /// Waits until replaying the archive gives exactly the tables' rows.
-pub async fn wait_replay_equals(
+pub(crate) async fn wait_replay_equals(
     db: &TestDb,
     read: impl AsyncFn() -> Vec<Object>,
     prefix: Option<&str>,
@@ -768,7 +772,7 @@ pub async fn wait_replay_equals(
 }
 
 /// A plain HTTP GET against the telemetry endpoint: (status code, body).
-pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+pub(crate) fn http_get(addr: &str, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(
@@ -787,7 +791,7 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
 }
 
 /// The test S3 server's socket address (for fault-injecting proxies).
-pub fn s3_addr() -> std::net::SocketAddr {
+pub(crate) fn s3_addr() -> std::net::SocketAddr {
     let endpoint = s3().endpoint;
     let hostport = endpoint.trim_start_matches("http://").trim_end_matches('/');
     std::net::ToSocketAddrs::to_socket_addrs(hostport)
@@ -798,7 +802,7 @@ pub fn s3_addr() -> std::net::SocketAddr {
 
 /// The python of a reader's venv: `$var` (set by scripts/services.sh up),
 /// else the venv `~/.cache/<venv>` that `scripts/<script>` installs.
-pub fn venv_python(var: &str, venv: &str, what: &str, script: &str) -> String {
+pub(crate) fn venv_python(var: &str, venv: &str, what: &str, script: &str) -> String {
     let python = std::env::var(var).unwrap_or_else(|_| {
         format!(
             "{}/.cache/{venv}/bin/python",
@@ -813,7 +817,7 @@ pub fn venv_python(var: &str, venv: &str, what: &str, script: &str) -> String {
 }
 
 /// The python of the venv DuckDB is installed in.
-pub fn duckdb_python() -> String {
+pub(crate) fn duckdb_python() -> String {
     venv_python(
         "WT_TEST_DUCKDB_PYTHON",
         "waltail-duckdb-venv",
@@ -824,7 +828,7 @@ pub fn duckdb_python() -> String {
 
 /// Spark (PySpark, local mode) reading the NDJSON objects at `glob`: what
 /// tests/readers/spark.py prints.
-pub fn spark_read(glob: &Path) -> Value {
+pub(crate) fn spark_read(glob: &Path) -> Value {
     let python = venv_python(
         "WT_TEST_SPARK_PYTHON",
         "waltail-spark-venv",
@@ -854,7 +858,7 @@ pub fn spark_read(glob: &Path) -> Value {
 /// Runs one DuckDB query; its rows as JSON arrays (decimals as strings).
 /// DuckDB's Delta extension is loaded (offline, from its PyPI wheel; see
 /// scripts/duckdb.sh), so the query can read a table with `delta_scan`.
-pub fn duck(sql: &str) -> Vec<Vec<Value>> {
+pub(crate) fn duck(sql: &str) -> Vec<Vec<Value>> {
     let out = Command::new(duckdb_python())
         .args([
             "-c",
@@ -886,7 +890,7 @@ pub fn duck(sql: &str) -> Vec<Vec<Value>> {
 /// (`duckdb` or `deltalake`, see tests/readers/delta.py) reads it, at
 /// `version` or its newest: the header
 /// (version, columns, protocol) and the rows, sorted.
-pub fn read_delta(engine: &str, table: &Path, version: Option<u64>) -> (Value, Vec<Value>) {
+pub(crate) fn read_delta(engine: &str, table: &Path, version: Option<u64>) -> (Value, Vec<Value>) {
     let mut cmd = Command::new(duckdb_python());
     // For an `s3://` table: the test bucket's server and keys.
     let s3 = s3();
@@ -919,7 +923,7 @@ pub fn read_delta(engine: &str, table: &Path, version: Option<u64>) -> (Value, V
 
 /// Asserts that DuckDB and the deltalake package read the Delta table at
 /// `table` alike; returns the rows.
-pub fn delta_rows_agree(table: &Path) -> Vec<Value> {
+pub(crate) fn delta_rows_agree(table: &Path) -> Vec<Value> {
     let (_, duck) = read_delta("duckdb", table, None);
     let (_, deltalake) = read_delta("deltalake", table, None);
     assert!(
@@ -932,7 +936,7 @@ pub fn delta_rows_agree(table: &Path) -> Vec<Value> {
 
 /// Copies every object under `prefix` into `dir` (keys relative to the
 /// prefix), so DuckDB reads the Parquet files exactly as written.
-pub async fn download(prefix: &str, dir: &Path) {
+pub(crate) async fn download(prefix: &str, dir: &Path) {
     let store = admin_store();
     let metas: Vec<_> = store
         .list(Some(&ObjectPath::from(prefix)))
@@ -956,6 +960,6 @@ pub async fn download(prefix: &str, dir: &Path) {
 }
 
 /// The archive's NDJSON objects under `prefix` (not the Parquet beside them).
-pub async fn ndjson_objects(prefix: &str) -> Vec<Object> {
+pub(crate) async fn ndjson_objects(prefix: &str) -> Vec<Object> {
     objects_where(admin_store().as_ref(), prefix, is_archive_object).await
 }

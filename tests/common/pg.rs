@@ -16,7 +16,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-pub struct DedicatedPg {
+pub(crate) struct DedicatedPg {
     root: PathBuf,
     port: u16,
     url: String,
@@ -92,7 +92,7 @@ fn check(what: &str, out: Output) -> Output {
 impl DedicatedPg {
     /// A fresh server with wal_level=logical; retried on another port if the
     /// chosen one was taken in the meantime.
-    pub fn start() -> DedicatedPg {
+    pub(crate) fn start() -> DedicatedPg {
         let root = std::env::temp_dir().join(format!(
             "waltail-dpg-{}-{:08x}",
             std::process::id(),
@@ -131,7 +131,7 @@ impl DedicatedPg {
 
     /// Like [`start`](Self::start), with TLS on and TCP allowed only over TLS
     /// (see the module doc).
-    pub fn start_tls() -> DedicatedPg {
+    pub(crate) fn start_tls() -> DedicatedPg {
         let pg = DedicatedPg::start();
         let dir = pg.root.join("tls");
         std::fs::create_dir_all(&dir).unwrap();
@@ -192,33 +192,33 @@ impl DedicatedPg {
     }
 
     /// The CA that signed the server's certificate (TLS servers only).
-    pub fn ca_file(&self) -> PathBuf {
+    pub(crate) fn ca_file(&self) -> PathBuf {
         self.root.join("tls").join("ca.pem")
     }
 
     /// A CA that did not sign it.
-    pub fn other_ca_file(&self) -> PathBuf {
+    pub(crate) fn other_ca_file(&self) -> PathBuf {
         self.root.join("tls").join("other-ca.pem")
     }
 
     /// The server over its Unix socket (no TLS needed there):
     /// `postgres://postgres@<percent-encoded socket dir>:<port>/postgres`.
-    pub fn socket_url(&self) -> String {
+    pub(crate) fn socket_url(&self) -> String {
         let dir = self.root.to_string_lossy().replace('/', "%2F");
         format!("postgres://postgres@{dir}:{}/postgres", self.port)
     }
 
     /// `postgres://postgres@127.0.0.1:<port>/postgres` (trust auth).
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
 
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.port
     }
 
     /// The PG_ROOT folder: data/, server.log, the unix socket.
-    pub fn root(&self) -> &Path {
+    pub(crate) fn root(&self) -> &Path {
         &self.root
     }
 
@@ -252,7 +252,7 @@ impl DedicatedPg {
     /// waits for each logical walsender's client to confirm the WAL it was
     /// sent, so it lasts as long as the client cannot (a store down, a
     /// batch parked).
-    pub fn restart_in_background(&self, secs: u32) -> std::process::Child {
+    pub(crate) fn restart_in_background(&self, secs: u32) -> std::process::Child {
         self.pg_ctl_command(&["-m", "fast", "-w", "-t", &secs.to_string(), "restart"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -262,7 +262,7 @@ impl DedicatedPg {
 
     /// Fast restart (open connections are terminated); returns when it accepts
     /// connections again.
-    pub fn restart(&self) {
+    pub(crate) fn restart(&self) {
         check(
             "pg_ctl restart",
             self.pg_ctl(&["-m", "fast", "-w", "restart"]),
@@ -270,12 +270,12 @@ impl DedicatedPg {
     }
 
     /// Fast stop; returns when the server is down.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         check("pg_ctl stop", self.pg_ctl(&["-m", "fast", "-w", "stop"]));
     }
 
     /// Starts the server again after `stop`, with its data.
-    pub fn start_again(&self) {
+    pub(crate) fn start_again(&self) {
         check("pg_ctl start", self.pg_ctl(&["-w", "start"]));
     }
 }

@@ -20,7 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Forward both ways.
     Pass,
     /// Reset (RST) every open connection now, and new ones right after accept.
@@ -37,7 +37,7 @@ pub enum Mode {
     CutResponse(usize),
 }
 
-pub struct Proxy {
+pub(crate) struct Proxy {
     addr: SocketAddr,
     mode: watch::Sender<Mode>,
     connections: Arc<AtomicUsize>,
@@ -47,7 +47,7 @@ pub struct Proxy {
 
 impl Proxy {
     /// Starts a proxy to `target` in `Mode::Pass`.
-    pub fn start(target: SocketAddr) -> Proxy {
+    pub(crate) fn start(target: SocketAddr) -> Proxy {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
@@ -76,25 +76,25 @@ impl Proxy {
     }
 
     /// Where clients connect.
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// `http://<addr>`, for HTTP clients.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    pub fn set_mode(&self, mode: Mode) {
+    pub(crate) fn set_mode(&self, mode: Mode) {
         self.mode.send_replace(mode);
     }
 
-    pub fn mode(&self) -> Mode {
+    pub(crate) fn mode(&self) -> Mode {
         *self.mode.borrow()
     }
 
     /// Connections accepted so far.
-    pub fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
     }
 }

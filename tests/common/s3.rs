@@ -20,14 +20,14 @@ use object_store::aws::AmazonS3Builder;
 use super::{Object, Waltail};
 
 /// The bucket and admin keys s3-start.sh uses by default.
-pub const BUCKET: &str = "waltail-test";
-pub const KEY: &str = "waltail-test-key";
-pub const SECRET: &str = "waltail-test-secret";
+pub(crate) const BUCKET: &str = "waltail-test";
+pub(crate) const KEY: &str = "waltail-test-key";
+pub(crate) const SECRET: &str = "waltail-test-secret";
 
 /// Ports s3-start.sh derives from S3_PORT_BASE (base..base+9).
 const PORTS: u16 = 10;
 
-pub struct DedicatedS3 {
+pub(crate) struct DedicatedS3 {
     root: PathBuf,
     base: u16,
 }
@@ -103,7 +103,7 @@ fn signal(pid: u32, sig: &str) -> bool {
 impl DedicatedS3 {
     /// A fresh, empty store with the test bucket; retried on another port
     /// base if one of the chosen ports was taken in the meantime.
-    pub fn start() -> DedicatedS3 {
+    pub(crate) fn start() -> DedicatedS3 {
         let root = std::env::temp_dir().join(format!(
             "waltail-ds3-{}-{:08x}",
             std::process::id(),
@@ -127,38 +127,38 @@ impl DedicatedS3 {
     }
 
     /// `http://127.0.0.1:<base>`.
-    pub fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.base)
     }
 
-    pub fn port_base(&self) -> u16 {
+    pub(crate) fn port_base(&self) -> u16 {
         self.base
     }
 
     /// The S3_ROOT folder: data/, weed.log, weed.pid, s3.json.
-    pub fn root(&self) -> &Path {
+    pub(crate) fn root(&self) -> &Path {
         &self.root
     }
 
     /// The server's pid, from <root>/weed.pid.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         let pid = std::fs::read_to_string(self.root.join("weed.pid"))
             .expect("weed.pid: the dedicated SeaweedFS is not running");
         pid.trim().parse().unwrap()
     }
 
     /// SIGSTOP: connections are still accepted by the kernel, requests hang.
-    pub fn stop_signal(&self) {
+    pub(crate) fn stop_signal(&self) {
         assert!(signal(self.pid(), "STOP"), "kill -STOP failed");
     }
 
     /// SIGCONT after `stop_signal`.
-    pub fn cont_signal(&self) {
+    pub(crate) fn cont_signal(&self) {
         assert!(signal(self.pid(), "CONT"), "kill -CONT failed");
     }
 
     /// kill -9; returns once the process is gone (its ports are closed).
-    pub fn kill9(&self) {
+    pub(crate) fn kill9(&self) {
         let pid = self.pid();
         assert!(signal(pid, "KILL"), "kill -9 failed");
         let start = Instant::now();
@@ -175,7 +175,7 @@ impl DedicatedS3 {
 
     /// Starts the server again on the same ports and data (S3_KEEP=1); stops
     /// it first if it still runs. Returns when a signed PUT succeeds.
-    pub fn restart_keep_data(&self) {
+    pub(crate) fn restart_keep_data(&self) {
         if let Ok(pid) = std::fs::read_to_string(self.root.join("weed.pid"))
             && let Ok(pid) = pid.trim().parse::<u32>()
         {
@@ -194,7 +194,7 @@ impl DedicatedS3 {
     }
 
     /// Points `w` at this store's test bucket under `prefix`, admin keys.
-    pub fn configure(&self, w: &mut Waltail, prefix: &str) {
+    pub(crate) fn configure(&self, w: &mut Waltail, prefix: &str) {
         w.s3(prefix)
             .set("WALTAIL_DESTINATION_ENDPOINT", &self.endpoint())
             .set("WALTAIL_DESTINATION_BUCKET", BUCKET)
@@ -203,7 +203,7 @@ impl DedicatedS3 {
     }
 
     /// An object_store client on this store's bucket with the admin keys.
-    pub fn admin_store(&self) -> Arc<dyn ObjectStore> {
+    pub(crate) fn admin_store(&self) -> Arc<dyn ObjectStore> {
         Arc::new(
             AmazonS3Builder::new()
                 .with_bucket_name(BUCKET)
@@ -220,7 +220,7 @@ impl DedicatedS3 {
 
     /// Every object under `prefix`, sorted by key (as `s3_objects` does for
     /// the shared store).
-    pub async fn objects(&self, prefix: &str) -> Vec<Object> {
+    pub(crate) async fn objects(&self, prefix: &str) -> Vec<Object> {
         super::objects_in(self.admin_store().as_ref(), prefix).await
     }
 }

@@ -22,7 +22,7 @@ use crate::{Error, Result};
 /// in one snapshot (the statement's), rendered as the stream renders them.
 /// Stops at [`MAX_CHUNK_BYTES`] of rendered rows; the rows after that are
 /// read by the next chunk.
-pub async fn read_chunk(
+pub(crate) async fn read_chunk(
     client: &Client,
     plan: &TablePlan,
     after: Option<&str>,
@@ -147,7 +147,10 @@ fn key_literals(plan: &TablePlan, key: &str) -> Result<String> {
 /// Splits one row of COPY's text format (without its newline) into its
 /// values: separated by tabs, `\N` for NULL, backslash escapes undone.
 /// Values without an escape are slices of `line`, not copies.
-pub fn row_values(line: &Bytes, out: &mut Vec<ColumnValue>) -> std::result::Result<(), String> {
+pub(crate) fn row_values(
+    line: &Bytes,
+    out: &mut Vec<ColumnValue>,
+) -> std::result::Result<(), String> {
     let mut start = 0;
     loop {
         let end = memchr::memchr(b'\t', &line[start..]).map_or(line.len(), |i| start + i);

@@ -34,14 +34,14 @@ const RANGES_PER_READER: usize = 4;
 
 /// Starts and stops the backfill task. The pipeline reports each chunk it
 /// has handed over on `passed`.
-pub struct Driver {
+pub(crate) struct Driver {
     config: Arc<Config>,
     passed: watch::Receiver<Passed>,
     task: Option<JoinHandle<()>>,
 }
 
 impl Driver {
-    pub fn new(config: &Config, passed: watch::Receiver<Passed>) -> Self {
+    pub(crate) fn new(config: &Config, passed: watch::Receiver<Passed>) -> Self {
         Driver {
             config: Arc::new(config.clone()),
             passed,
@@ -50,7 +50,7 @@ impl Driver {
     }
 
     /// Starts the task if a backfill is waiting and the task is not running.
-    pub fn poke(&mut self, state: &Checkpoint) -> Result<()> {
+    pub(crate) fn poke(&mut self, state: &Checkpoint) -> Result<()> {
         if self.task.as_ref().is_some_and(|t| !t.is_finished()) {
             return Ok(());
         }

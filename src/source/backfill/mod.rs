@@ -37,11 +37,11 @@
 //! archives the table's changes. Each insert deletes the rows before it, so
 //! the table stays empty but for the last watermark.
 
-pub mod copy;
-pub mod driver;
-pub mod window;
+pub(crate) mod copy;
+pub(crate) mod driver;
+pub(crate) mod window;
 
-pub use copy::read_chunk;
+pub(crate) use copy::read_chunk;
 
 use std::sync::Arc;
 
@@ -61,14 +61,14 @@ use crate::{Error, Result};
 
 /// What a backfill can use on the source server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Server {
+pub(crate) struct Server {
     /// `server_version_num`, e.g. 140005.
     pub version: i64,
 }
 
 impl Server {
     /// Whether watermarks are logical messages (else rows of the table).
-    pub fn has_messages(self) -> bool {
+    pub(crate) fn has_messages(self) -> bool {
         self.version >= MESSAGES_VERSION
     }
 
@@ -84,7 +84,7 @@ const MAX_CHUNK_BYTES: usize = 16 << 20;
 
 /// A watermark as written into the WAL (the message content, JSON).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Watermark {
+pub(crate) struct Watermark {
     pub pipeline: String,
     pub chunk: i64,
     pub mark: Mark,
@@ -101,11 +101,11 @@ fn is_zero(lane: &u32) -> bool {
 
 /// The chunk id of the abort that `waltail backfill --cancel` writes: it
 /// closes every lane's window.
-pub const CANCEL_CHUNK: i64 = 0;
+pub(crate) const CANCEL_CHUNK: i64 = 0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Mark {
+pub(crate) enum Mark {
     /// Before the chunk is read.
     Low,
     /// After the chunk is read and stored.
@@ -117,16 +117,16 @@ pub enum Mark {
 /// How far the pipeline has passed each lane's chunks: the highest chunk id
 /// per lane (a lane's chunks pass in the order of their ids).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Passed(Vec<i64>);
+pub(crate) struct Passed(Vec<i64>);
 
 impl Passed {
     /// The highest chunk of `lane` passed so far (0: none).
-    pub fn get(&self, lane: u32) -> i64 {
+    pub(crate) fn get(&self, lane: u32) -> i64 {
         self.0.get(lane as usize).copied().unwrap_or(0)
     }
 
     /// Records `chunk` of `lane` as passed; whether that moved the lane on.
-    pub fn pass(&mut self, lane: u32, chunk: i64) -> bool {
+    pub(crate) fn pass(&mut self, lane: u32, chunk: i64) -> bool {
         let lane = lane as usize;
         if self.0.len() <= lane {
             self.0.resize(lane + 1, 0);
@@ -140,7 +140,7 @@ impl Passed {
 /// Writes a watermark into the WAL, in its own transaction: a logical
 /// message, or on an older server a row of [`WATERMARK_TABLE`] (the rows
 /// before it deleted in the same transaction).
-pub async fn emit(
+pub(crate) async fn emit(
     client: &Client,
     server: Server,
     pipeline: &str,
@@ -185,7 +185,7 @@ pub async fn emit(
 /// [`WATERMARK_TABLE`] if it is missing and adds it to the pipeline's
 /// publication if it is not there, so the stream sees its rows. Nothing on
 /// a newer server.
-pub async fn ensure_watermark_table(
+pub(crate) async fn ensure_watermark_table(
     client: &Client,
     server: Server,
     source: &SourceConfig,
@@ -260,7 +260,7 @@ pub async fn ensure_watermark_table(
 /// window or after it, as the scheme expects. (PostgreSQL waits similarly,
 /// for every running transaction, before it exports the snapshot of a new
 /// replication slot.)
-pub async fn in_progress(client: &Client, server: Server) -> Result<Vec<String>> {
+pub(crate) async fn in_progress(client: &Client, server: Server) -> Result<Vec<String>> {
     // A snapshot's list stops at its xmax, one past the newest finished xid:
     // a transaction with a newer xid is in progress but not listed. An xid
     // taken and finished now, after the watermark, moves xmax past every
@@ -294,7 +294,7 @@ pub async fn in_progress(client: &Client, server: Server) -> Result<Vec<String>>
 /// transaction does not hold the backfill). Sessions of other users, whose
 /// state the configured user may not see, and prepared transactions are
 /// waited for.
-pub async fn still_in_progress(
+pub(crate) async fn still_in_progress(
     client: &Client,
     server: Server,
     xids: &[String],
@@ -324,7 +324,7 @@ pub async fn still_in_progress(
 /// The sessions running `xids`, for the log: pid, state, since when, and
 /// the start of the query, where the configured user may see them; prepared
 /// transactions by gid.
-pub async fn sessions_of(client: &Client, xids: &[String]) -> Result<String> {
+pub(crate) async fn sessions_of(client: &Client, xids: &[String]) -> Result<String> {
     let rows = client
         .query(
             "SELECT format('pid %s (%s)', a.pid, COALESCE(
@@ -349,7 +349,7 @@ pub async fn sessions_of(client: &Client, xids: &[String]) -> Result<String> {
 }
 
 /// An SQL connection whose text output matches the replication stream's.
-pub async fn connect(source: &SourceConfig) -> Result<Client> {
+pub(crate) async fn connect(source: &SourceConfig) -> Result<Client> {
     let client = crate::source::connect_sql(source).await?;
     let mut set = String::from("SET standard_conforming_strings = on;");
     for (name, value) in crate::source::OUTPUT_SETTINGS {
@@ -363,7 +363,7 @@ pub async fn connect(source: &SourceConfig) -> Result<Client> {
 }
 
 /// What a backfill can use on the server (see [`Server`]).
-pub async fn check_server(client: &Client) -> Result<Server> {
+pub(crate) async fn check_server(client: &Client) -> Result<Server> {
     let version: i64 = client
         .query_one("SELECT current_setting('server_version_num')::bigint", &[])
         .await
@@ -374,7 +374,7 @@ pub async fn check_server(client: &Client) -> Result<Server> {
 
 /// How one table is read: its columns as the stream sees them, and the key
 /// that orders the chunks.
-pub struct TablePlan {
+pub(crate) struct TablePlan {
     pub table: TableName,
     pub shape: TableShape,
     /// The schema record members the stream would write for this shape.
@@ -401,7 +401,7 @@ struct Attr {
 
 /// Looks the table up and picks its key: the primary key, else the unique
 /// index of REPLICA IDENTITY USING INDEX. Errors name the table and the fix.
-pub async fn plan(catalog: &mut TypeCatalog, table: &TableName) -> Result<TablePlan> {
+pub(crate) async fn plan(catalog: &mut TypeCatalog, table: &TableName) -> Result<TablePlan> {
     let client = catalog
         .client()
         .ok_or_else(|| Error::fatal("backfill needs an SQL connection", "check source.url"))?;
@@ -545,7 +545,7 @@ pub async fn plan(catalog: &mut TypeCatalog, table: &TableName) -> Result<TableP
 
 /// The size of a table before it is read.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Estimate {
+pub(crate) struct Estimate {
     pub rows: u64,
     /// `rows` is a count, not the planner's statistics.
     pub exact: bool,
@@ -557,7 +557,7 @@ const COUNT_BELOW: f64 = 100_000.0;
 
 /// Rows from the planner's statistics (summed over partitions), counted
 /// exactly when the table is small or was never analyzed; bytes on disk.
-pub async fn estimate(client: &Client, table: &TableName) -> Result<Estimate> {
+pub(crate) async fn estimate(client: &Client, table: &TableName) -> Result<Estimate> {
     let pg = |what: &'static str| move |e| Error::postgres(format!("{what} of {table}"), e);
     let row = client
         .query_one(
@@ -599,7 +599,7 @@ pub async fn estimate(client: &Client, table: &TableName) -> Result<Estimate> {
 /// type's own order, the same as the chunks' `ORDER BY` and key filters,
 /// so the ranges cover every key exactly once. Any other key, or a table
 /// without statistics, is one range (read by one reader, chunk after chunk).
-pub async fn split(
+pub(crate) async fn split(
     client: &Client,
     plan: &TablePlan,
     parts: usize,
@@ -650,7 +650,7 @@ pub async fn split(
 }
 
 /// Rows read for one chunk.
-pub struct ChunkRows {
+pub(crate) struct ChunkRows {
     /// `(row identity hash, data JSON)` in key order.
     pub rows: Vec<(u64, Vec<u8>)>,
     /// The key of the last row (a JSON array of text values).
@@ -660,7 +660,7 @@ pub struct ChunkRows {
 }
 
 /// The configured table a name on the command line means.
-pub fn configured_table(tables: &[TableName], arg: &str) -> Result<TableName> {
+pub(crate) fn configured_table(tables: &[TableName], arg: &str) -> Result<TableName> {
     let wanted: TableName = arg.parse().map_err(|e: String| Error::Config(e))?;
     tables
         .iter()
@@ -676,6 +676,6 @@ pub fn configured_table(tables: &[TableName], arg: &str) -> Result<TableName> {
 }
 
 /// For the schema record: the table as the envelope names it.
-pub fn table_ref(schema: &str, table: &str) -> Arc<crate::archive::envelope::TableRef> {
+pub(crate) fn table_ref(schema: &str, table: &str) -> Arc<crate::archive::envelope::TableRef> {
     Arc::new(crate::archive::envelope::TableRef::new(schema, table))
 }

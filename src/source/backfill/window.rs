@@ -16,7 +16,7 @@ use crate::archive::envelope::{Change, Op};
 
 /// One chunk's window.
 #[derive(Debug)]
-pub struct Window {
+pub(crate) struct Window {
     pub chunk: i64,
     /// `schema.table` of the chunk's table.
     table: String,
@@ -43,7 +43,7 @@ impl Window {
 
 /// What a commit did to the windows.
 #[derive(Debug, Default)]
-pub struct Committed {
+pub(crate) struct Committed {
     /// The transaction was a low watermark's: it must not be confirmed
     /// until its chunk's `read` events are written.
     pub low: bool,
@@ -54,7 +54,7 @@ pub struct Committed {
 
 /// The open windows, by lane.
 #[derive(Debug, Default)]
-pub struct Windows {
+pub(crate) struct Windows {
     open: BTreeMap<u32, Window>,
 }
 
@@ -62,7 +62,7 @@ impl Windows {
     /// A low watermark of `chunk` (of table `table`, `schema.table`) opens
     /// the lane's window; the lane's previous window, if any, is returned:
     /// its chunk was given up.
-    pub fn open(&mut self, lane: u32, chunk: i64, table: String) -> Option<Window> {
+    pub(crate) fn open(&mut self, lane: u32, chunk: i64, table: String) -> Option<Window> {
         self.open.insert(
             lane,
             Window {
@@ -79,18 +79,18 @@ impl Windows {
 
     /// Closes a lane's window without completing it (its chunk is given
     /// up or cancelled).
-    pub fn close(&mut self, lane: u32) -> Option<Window> {
+    pub(crate) fn close(&mut self, lane: u32) -> Option<Window> {
         self.open.remove(&lane)
     }
 
     /// The lanes with a window.
-    pub fn lanes(&self) -> Vec<u32> {
+    pub(crate) fn lanes(&self) -> Vec<u32> {
         self.open.keys().copied().collect()
     }
 
     /// Whether the lane's window is `chunk`'s and its low watermark has
     /// committed: a high watermark of `chunk` then completes it.
-    pub fn is_open(&self, lane: u32, chunk: i64) -> bool {
+    pub(crate) fn is_open(&self, lane: u32, chunk: i64) -> bool {
         self.open
             .get(&lane)
             .is_some_and(|w| w.chunk == chunk && w.low_end.is_some())
@@ -98,7 +98,7 @@ impl Windows {
 
     /// A change in the stream: a row of a watched table changed (or the
     /// table was truncated) inside its window.
-    pub fn observe(&mut self, change: &Change) {
+    pub(crate) fn observe(&mut self, change: &Change) {
         for w in self.open.values_mut() {
             if w.watching() && change.table.name == w.table {
                 match change.op {
@@ -111,7 +111,7 @@ impl Windows {
 
     /// The places of `rows` (a chunk's row identities, in key order) that
     /// the lane's window saw change: they are left out of the chunk.
-    pub fn skipped(&self, lane: u32, rows: impl Iterator<Item = u64>) -> Vec<u32> {
+    pub(crate) fn skipped(&self, lane: u32, rows: impl Iterator<Item = u64>) -> Vec<u32> {
         let Some(w) = self.open.get(&lane) else {
             return Vec::new();
         };
@@ -123,7 +123,7 @@ impl Windows {
 
     /// The lane's high watermark came and `sent` rows went out, leaving out
     /// those at `skipped`; the window completes at the next commit.
-    pub fn sent(&mut self, lane: u32, sent: u64, skipped: Vec<u32>) {
+    pub(crate) fn sent(&mut self, lane: u32, sent: u64, skipped: Vec<u32>) {
         if let Some(w) = self.open.get_mut(&lane) {
             w.sent = Some(sent);
             w.skipped = skipped;
@@ -133,7 +133,7 @@ impl Windows {
     /// A transaction committed, ending at `end_lsn`. A watermark is a
     /// transaction of its own, so at most one window opens or completes
     /// here.
-    pub fn commit(&mut self, end_lsn: u64) -> Committed {
+    pub(crate) fn commit(&mut self, end_lsn: u64) -> Committed {
         let mut out = Committed::default();
         let mut completed = None;
         for (&lane, w) in self.open.iter_mut() {
