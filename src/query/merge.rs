@@ -55,8 +55,10 @@ impl Overlay {
         }
     }
 
-    /// Applies one change; changes come in seq order.
-    pub(crate) fn apply(&mut self, change: &TypedChange) {
+    /// Applies one change; changes come in seq order. The change is taken
+    /// whole: its cells move into the row, and the previous version's
+    /// cells move into the columns it left out, with no copy of either.
+    pub(crate) fn apply(&mut self, change: TypedChange) {
         match change.op {
             ChangeOp::Truncate => {
                 self.rows.clear();
@@ -64,48 +66,59 @@ impl Overlay {
             }
             ChangeOp::Delete => {
                 if let Some(k) = change.key.as_deref().or(change.old_key.as_deref()) {
-                    self.rows.insert(k.into(), None);
+                    self.set(k, None);
                 }
             }
             ChangeOp::Upsert => {
                 let Some(key) = change.key.as_deref() else {
                     return;
                 };
-                let previous = match change.old_key.as_deref() {
+                let mut previous = match change.old_key.as_deref() {
                     // An update that changed the key: the row was under the old one.
                     Some(old) if old != key => {
                         let p = self.take(old);
-                        self.rows.insert(old.into(), None);
+                        self.set(old, None);
                         p
                     }
                     _ => self.take(key),
                 };
                 let mut fill_from = None;
-                let cells = change
-                    .cells
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| match (c, &previous) {
-                        (Cell::Absent, Some(p)) => {
+                let mut cells = change.cells;
+                for (i, cell) in cells.iter_mut().enumerate() {
+                    if *cell != Cell::Absent {
+                        continue;
+                    }
+                    *cell = match &mut previous {
+                        Some(p) => {
                             if p.cells[i] == Cell::Absent {
                                 fill_from.clone_from(&p.fill_from);
                             }
-                            p.cells[i].clone()
+                            std::mem::replace(&mut p.cells[i], Cell::Null)
                         }
-                        (Cell::Absent, None) => Cell::Null,
-                        (c, _) => c.clone(),
-                    })
-                    .collect();
-                self.rows.insert(key.into(), Some(Row { cells, fill_from }));
+                        None => Cell::Null,
+                    };
+                }
+                self.set(key, Some(Row { cells, fill_from }));
             }
         }
     }
 
-    /// The previous version of `key`'s row: the overlay's, else the base's
+    /// Sets `key`'s entry, allocating the key only when it is new.
+    fn set(&mut self, key: &str, row: Option<Row>) {
+        match self.rows.get_mut(key) {
+            Some(slot) => *slot = row,
+            None => {
+                self.rows.insert(key.into(), row);
+            }
+        }
+    }
+
+    /// The previous version of `key`'s row, moved out of the overlay (its
+    /// entry is set again by the caller): the overlay's, else the base's
     /// (its values still to fetch: every cell `Absent`), else none.
     fn take(&mut self, key: &str) -> Option<Row> {
-        match self.rows.get(key) {
-            Some(row) => row.clone(),
+        match self.rows.get_mut(key) {
+            Some(row) => row.take(),
             None if self.base_visible => Some(Row {
                 cells: vec![Cell::Absent; self.shape.columns.len()],
                 fill_from: Some(key.into()),
@@ -246,12 +259,12 @@ mod tests {
     fn a_left_out_column_is_fetched_from_the_base_only_when_the_overlay_lacks_it() {
         let mut o = Overlay::new(shape(), true);
         // Key 1: first touched by an update without the TOASTed doc.
-        o.apply(&upsert(10, 1, Cell::Absent, None));
+        o.apply(upsert(10, 1, Cell::Absent, None));
         // Key 2: inserted in the tail, then updated without doc.
-        o.apply(&upsert(11, 2, Cell::Str("mine".into()), None));
-        o.apply(&upsert(12, 2, Cell::Absent, None));
+        o.apply(upsert(11, 2, Cell::Str("mine".into()), None));
+        o.apply(upsert(12, 2, Cell::Absent, None));
         // Key 3 moved to key 4 without doc: fetched under its old key.
-        o.apply(&upsert(13, 4, Cell::Absent, Some(3)));
+        o.apply(upsert(13, 4, Cell::Absent, Some(3)));
         assert_eq!(
             o.wanted(),
             HashSet::from([key(1).into(), key(3).into()]),
@@ -280,14 +293,14 @@ mod tests {
     #[test]
     fn a_truncate_hides_the_base_and_nothing_is_fetched_after_it() {
         let mut o = Overlay::new(shape(), true);
-        o.apply(&upsert(1, 1, Cell::Str("a".into()), None));
-        o.apply(&TypedChange {
+        o.apply(upsert(1, 1, Cell::Str("a".into()), None));
+        o.apply(TypedChange {
             op: ChangeOp::Truncate,
             key: None,
             ..delete(2, 0)
         });
         assert!(!o.base_visible());
-        o.apply(&upsert(3, 5, Cell::Absent, None));
+        o.apply(upsert(3, 5, Cell::Absent, None));
         assert!(o.wanted().is_empty());
         assert_eq!(docs(&o), [(5, Cell::Null)]);
     }
@@ -295,10 +308,10 @@ mod tests {
     #[test]
     fn deletes_hide_base_rows_and_a_reinsert_does_not_resurrect_old_values() {
         let mut o = Overlay::new(shape(), true);
-        o.apply(&delete(1, 7));
+        o.apply(delete(1, 7));
         assert!(o.touched().contains(key(7).as_str()));
         assert!(docs(&o).is_empty());
-        o.apply(&upsert(2, 7, Cell::Absent, None));
+        o.apply(upsert(2, 7, Cell::Absent, None));
         assert!(
             o.wanted().is_empty(),
             "the deleted base row is not a previous version"
@@ -312,8 +325,8 @@ mod tests {
     #[test]
     fn without_a_base_nothing_is_wanted_and_everything_is_the_overlay() {
         let mut o = Overlay::new(shape(), false);
-        o.apply(&upsert(1, 1, Cell::Absent, None));
-        o.apply(&upsert(2, 2, Cell::Str("x".into()), None));
+        o.apply(upsert(1, 1, Cell::Absent, None));
+        o.apply(upsert(2, 2, Cell::Str("x".into()), None));
         assert!(o.wanted().is_empty());
         assert!(!o.is_empty());
         let rows: usize = o.batches(1).iter().map(|b| b.num_rows()).sum();

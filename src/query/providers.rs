@@ -403,7 +403,7 @@ async fn apply_tail(
         })
         .buffered(FETCH_AHEAD);
     while let Some(changes) = parsed.try_next().await? {
-        for change in &changes {
+        for change in changes {
             overlay.apply(change);
         }
     }
@@ -510,7 +510,7 @@ async fn replay_history(
             .map_err(df)?;
         for batch in &batches {
             for change in history_changes(shape, batch)? {
-                overlay.apply(&change);
+                overlay.apply(change);
             }
         }
     }
@@ -607,7 +607,7 @@ mod tests {
         // Replayed, they leave what the NDJSON leaves.
         let mut overlay = Overlay::new(Arc::new(shape.clone()), false);
         for c in &back[..2] {
-            overlay.apply(c);
+            overlay.apply(c.clone());
         }
         let rows: usize = overlay.batches(10).iter().map(|b| b.num_rows()).sum();
         assert_eq!(rows, 1);
