@@ -1174,7 +1174,7 @@ fn create_private_dir(dir: &Path) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -1413,7 +1413,9 @@ mod tests {
         );
     }
 
-    fn parked(first_seq: u64, rows: &[u64], status: ParkStatus) -> Parked {
+    /// A parked batch of seqs `first_seq..first_seq + 9` touching `rows`
+    /// of `public.t` (the parking lot's tests use it too).
+    pub(crate) fn parked(first_seq: u64, rows: &[u64], status: ParkStatus) -> Parked {
         Parked {
             first_seq,
             last_seq: first_seq + 9,

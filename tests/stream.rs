@@ -86,13 +86,25 @@ async fn default_destination_is_the_local_folder() {
     let pipeline = unique("files").replace('_', "-");
     let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
     w.start();
-    mixed_workload(&db, 2, 60, 0).await;
-    let root = w.dir.path().join("waltail-archive");
-    let read = async || file_objects(&root);
-    let changes = wait_replay_equals(&db, read, None, &pipeline).await;
-    assert!(!changes.is_empty());
+    workload_replays_from_the_folder(&db, &w, &pipeline, 2, 60).await;
     w.stop();
     db.drop_db().await;
+}
+
+/// Runs a mixed workload and waits until the archive in the default folder
+/// replays to the tables.
+async fn workload_replays_from_the_folder(
+    db: &TestDb,
+    w: &Waltail,
+    pipeline: &str,
+    seed: u64,
+    txns: usize,
+) {
+    mixed_workload(db, seed, txns, 0).await;
+    let root = w.dir.path().join("waltail-archive");
+    let read = async || file_objects(&root);
+    let changes = wait_replay_equals(db, read, None, pipeline).await;
+    assert!(!changes.is_empty());
 }
 
 /// One pipeline has one reader: a second `waltail run` of the same pipeline
@@ -112,11 +124,7 @@ async fn a_second_run_of_a_running_pipeline_exits_3_and_changes_nothing() {
             && stderr.contains("fix: stop the other `waltail run`"),
         "{stderr}"
     );
-    mixed_workload(&db, 3, 30, 0).await;
-    let root = w.dir.path().join("waltail-archive");
-    let read = async || file_objects(&root);
-    let changes = wait_replay_equals(&db, read, None, &pipeline).await;
-    assert!(!changes.is_empty());
+    workload_replays_from_the_folder(&db, &w, &pipeline, 3, 30).await;
     w.stop();
     db.drop_db().await;
 }

@@ -136,21 +136,7 @@ mod tests {
 
     use super::*;
     use crate::archive::envelope::TableRef;
-
-    fn parked(first_seq: u64, rows: &[u64], status: ParkStatus) -> Parked {
-        Parked {
-            first_seq,
-            last_seq: first_seq + 9,
-            key: format!("k{first_seq}"),
-            body: b"{}\n".to_vec(),
-            rows: rows.to_vec(),
-            tables: "public.t".into(),
-            status,
-            attempts: 5,
-            last_error: Some("boom".into()),
-            parked_at: "2026-01-01T00:00:00Z".into(),
-        }
-    }
+    use crate::checkpoint::tests::parked;
 
     fn batch(first_seq: u64, rows: &[u64], table: &str) -> Batch {
         Batch {
