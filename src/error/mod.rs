@@ -101,7 +101,10 @@ pub enum ErrorKind {
     Replication,
     /// The server sent a pgoutput message that cannot be decoded.
     Decode,
-    /// A request to the store failed.
+    /// The store refused the credentials or the permission (401, 403):
+    /// no request will pass until they change.
+    StoreAccess,
+    /// A request to the store failed otherwise.
     Store,
     /// The archive holds something that cannot be read: a damaged object,
     /// schema record or compacted file.
@@ -163,10 +166,18 @@ impl Error {
             Error::Postgres { .. } => ErrorKind::Postgres,
             Error::Replication { source, .. } => match source.as_ref() {
                 ReplicationError::Tls(_) => ErrorKind::Tls,
+                // 42704: the slot does not exist; an invalidated slot
+                // (max_slot_wal_keep_size) lost WAL it still needed.
+                ReplicationError::Server { code, .. } if code == "42704" => ErrorKind::SlotLost,
+                e if slot_invalidated(e) => ErrorKind::SlotLost,
                 _ => ErrorKind::Replication,
             },
             Error::Decode(_) => ErrorKind::Decode,
-            Error::Store { .. } => ErrorKind::Store,
+            Error::Store { cause, .. } => match cause.as_ref() {
+                object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. } => ErrorKind::StoreAccess,
+                _ => ErrorKind::Store,
+            },
             Error::State { .. } => ErrorKind::State,
             Error::Io { .. } => ErrorKind::Io,
             Error::Fatal { kind, .. } => *kind,
@@ -440,21 +451,23 @@ pub fn store_hint(err: &object_store::Error) -> Option<String> {
     })
 }
 
+/// Whether the server said the slot was invalidated: max_slot_wal_keep_size
+/// removed WAL the slot still needed (Postgres gives it no SQLSTATE of its
+/// own, so its words tell).
+fn slot_invalidated(err: &ReplicationError) -> bool {
+    matches!(err, ReplicationError::Server { message, detail, .. }
+        if message.contains("invalidated")
+            || detail.as_deref().is_some_and(|d| d.contains("invalidated")))
+}
+
 fn replication_hint(err: &ReplicationError) -> Option<String> {
     match err {
-        // max_slot_wal_keep_size removed WAL the slot still needed.
-        ReplicationError::Server {
-            message, detail, ..
-        } if message.contains("invalidated")
-            || detail.as_deref().is_some_and(|d| d.contains("invalidated")) =>
-        {
-            Some(
-                "the replication slot was invalidated (max_slot_wal_keep_size): changes after its \
+        e if slot_invalidated(e) => Some(
+            "the replication slot was invalidated (max_slot_wal_keep_size): changes after its \
              position are lost. Drop it (SELECT pg_drop_replication_slot('<slot>');), run \
              `waltail run --recreate-slot`, then backfill the tables"
-                    .into(),
-            )
-        }
+                .into(),
+        ),
         ReplicationError::Server { code, .. } => postgres_hint(code),
         ReplicationError::Connect { .. } => {
             Some("check the host and port in source.url, and that Postgres is running".into())
@@ -600,5 +613,41 @@ mod tests {
         );
         let io = std::io::Error::other("disk");
         assert_eq!(Error::io("writing", io).kind(), ErrorKind::Io);
+        let server = |code: &str, message: &str| ReplicationError::Server {
+            severity: "ERROR".into(),
+            code: code.into(),
+            message: message.into(),
+            detail: None,
+            hint: None,
+        };
+        let slot = |e| Error::replication("starting replication", e).kind();
+        assert_eq!(
+            slot(server("42704", "replication slot \"s\" does not exist")),
+            ErrorKind::SlotLost
+        );
+        assert_eq!(
+            slot(server(
+                "55000",
+                "can no longer get changes from replication slot \"s\": this slot has been invalidated"
+            )),
+            ErrorKind::SlotLost
+        );
+        assert_eq!(
+            slot(server("55006", "replication slot \"s\" is active")),
+            ErrorKind::Replication
+        );
+        let denied = object_store::Error::PermissionDenied {
+            path: "k".into(),
+            source: "403".into(),
+        };
+        assert_eq!(
+            Error::store("PUT", "k", denied).kind(),
+            ErrorKind::StoreAccess
+        );
+        let generic = object_store::Error::Generic {
+            store: "S3",
+            source: "reset".into(),
+        };
+        assert_eq!(Error::store("PUT", "k", generic).kind(), ErrorKind::Store);
     }
 }
