@@ -16,7 +16,7 @@ pub fn format(lsn: Lsn) -> String {
 }
 
 /// `lsn` in Postgres's text form without allocating, for `write!` and log
-/// fields: the same text as [`format`].
+/// fields: the same text as [`format()`].
 pub fn display(lsn: Lsn) -> impl fmt::Display {
     struct Text(Lsn);
     impl fmt::Display for Text {

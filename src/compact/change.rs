@@ -20,7 +20,7 @@ pub enum ChangeOp {
 /// A change typed by its table's shape.
 #[derive(Debug, Clone)]
 pub struct TypedChange {
-    /// As the archive names it (see [`super::read::op_name`]).
+    /// As the archive names it (see [`super::read::parse_op`]).
     pub op_name: &'static str,
     pub op: ChangeOp,
     pub seq: u64,

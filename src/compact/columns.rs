@@ -15,7 +15,7 @@
 //!
 //! A table whose spool still combines its changes (see [`super::spool`])
 //! also needs them as typed rows: the parse keeps those beside the batch
-//! (see [`super::read::Shapes::combines`]).
+//! (see [`super::line::Shapes::combines`]).
 
 use std::borrow::Borrow;
 use std::sync::Arc;

@@ -87,7 +87,7 @@ pub struct Shapes {
     list: Vec<Arc<TableShape>>,
     by_name: HashMap<String, usize>,
     /// By index: whether the table's spool still combines its changes,
-    /// so that they are read as typed rows too (see [`ObjectReader`]).
+    /// so that they are read as typed rows too (see [`super::read::ObjectReader`]).
     /// Every table with a key does at first; set off by the run once its
     /// spool stops (never back on within a run).
     combines: Vec<AtomicBool>,
@@ -137,7 +137,7 @@ impl Shapes {
         i.map(|i| (i, &self.list[i]))
     }
 
-    /// The shape of index `i` (from [`Shapes::get`] or a [`Line`]).
+    /// The shape of index `i` (from [`Shapes::get`] or a [`super::read::Line`]).
     pub fn shape(&self, i: usize) -> &Arc<TableShape> {
         &self.list[i]
     }

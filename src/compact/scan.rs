@@ -35,7 +35,7 @@ pub(super) fn scan_line<'s>(shapes: &'s Shapes, line: &str) -> Option<FastLine<'
     scan_into(shapes, line, Vec::new())
 }
 
-/// [`scan_line`] with the change's cells in `cells` (emptied first: a
+/// `scan_line` (the tests' entry) with the change's cells in `cells` (emptied first: a
 /// vector reused from line to line, not one allocated per change).
 pub(super) fn scan_into<'s>(
     shapes: &'s Shapes,

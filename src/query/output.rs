@@ -3,7 +3,7 @@
 //! every row first to size its columns.
 //!
 //! A reader that goes away (`waltail query ... | head -1`) is not an error:
-//! [`Output::write`] reports it as [`Written::Closed`] and the command exits 0.
+//! [`write()`] reports it as [`Written::Closed`] and the command exits 0.
 
 use std::io::Write;
 

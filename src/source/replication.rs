@@ -21,7 +21,7 @@
 //!   (55006) or a missing permission (42501).
 //!
 //! TLS: an SSLRequest on TCP unless `sslmode=disable`, then rustls over the
-//! socket as [`TlsSettings`] says (see [`super::tls`]); never on a Unix socket.
+//! socket as [`TlsSettings`] says (see [`crate::pgtls`]); never on a Unix socket.
 //! Refusals are [`ReplicationError::Tls`].
 //!
 //! Not implemented (reported as [`ReplicationError::Unsupported`]): channel
