@@ -10,7 +10,7 @@
 //!
 //! Throughput is in elements, one element being one change:
 //!
-//! * `compact_parse/bench_lines`: `compact::read::type_line` of one archive
+//! * `compact_parse/bench_lines`: `lakehouse::read::type_line` of one archive
 //!   line into a typed change (JSON parse, cell typing, the row key's JSON).
 //! * `compact_history/encode`: `history::history_columns` of 8,192 typed
 //!   changes into Arrow arrays (`columns::ChangeColumns`, which compact's
@@ -36,15 +36,16 @@ use arrow::array::RecordBatch;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use parquet::arrow::ArrowWriter;
 use waltail::archive::schema::{RecordColumn, SchemaRecord};
-use waltail::compact::change::TypedChange;
-use waltail::compact::columns::change_batch;
-use waltail::compact::history::{history_columns, history_schema, writer_properties};
+use waltail::compact::history::writer_properties;
 use waltail::compact::latest::{MergeInput, merge_bucket};
-use waltail::compact::line::Shapes;
-use waltail::compact::read::type_line;
 use waltail::compact::spool::{self, Spool};
-use waltail::compact::typing::TableShape;
 use waltail::config::CompactConfig;
+use waltail::lakehouse::change::TypedChange;
+use waltail::lakehouse::columns::change_batch;
+use waltail::lakehouse::layout::{history_columns, history_schema};
+use waltail::lakehouse::line::Shapes;
+use waltail::lakehouse::read::type_line;
+use waltail::lakehouse::typing::TableShape;
 use waltail::lsn;
 
 // What the binary runs with: compact's costs include its allocations.
@@ -203,7 +204,7 @@ fn bench_merge(c: &mut Criterion) {
     }
     rt.block_on(spool.finish()).expect("written");
     let input = MergeInput {
-        ctx: waltail::compact::session::session(Arc::new(object_store::memory::InMemory::new())),
+        ctx: waltail::lakehouse::session::session(Arc::new(object_store::memory::InMemory::new())),
         shape: Arc::clone(&shape),
         previous: Vec::new(),
         previous_buckets: 1,

@@ -275,7 +275,7 @@ pub fn main() -> ExitCode {
         // threads that reads of Delta logs block (see `LOG_CALLS`).
         builder.max_blocking_threads(
             std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
-                + crate::compact::delta::LOG_CALLS,
+                + crate::lakehouse::delta::LOG_CALLS,
         );
     }
     let runtime = match builder.enable_all().build() {

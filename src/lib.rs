@@ -9,8 +9,9 @@
 //!     --> batch (size, linger) --> delivery (in-flight limit, rate, retry,
 //!     per-row order) --> sink (object_store PUT) --> checkpoint (confirm LSN)
 //!
-//! archive --> compact (typed Parquet: history per table and date, latest-row views)
-//! archive + compacted Parquet --> query (SQL: latest rows, history, raw changes)
+//! archive --> compact (plan, write, commit) --> Delta tables: a history per table
+//!     (by date) and a latest-row view, in the format of [`lakehouse`]
+//! archive + lakehouse tables --> query (SQL: latest rows, history, raw changes)
 //! ```
 //!
 //! [`commands`] (one per command of [`cli`]) drive the pipeline and the
@@ -36,6 +37,8 @@ pub mod error;
 #[cfg(test)]
 mod fuzzing;
 pub(crate) mod http;
+#[cfg(feature = "lakehouse")]
+pub mod lakehouse;
 pub mod lsn;
 pub(crate) mod pgtime;
 pub(crate) mod pgtls;

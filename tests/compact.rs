@@ -16,7 +16,7 @@ use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde_json::{Value, json};
-use waltail::compact::delta::{self, Role};
+use waltail::lakehouse::delta::{self, Role};
 
 const TABLES_WITH_DOCS: &str = "public.orders,public.customers,public.docs";
 

@@ -1,4 +1,4 @@
-//! The Delta tables `compact::delta` commits, read by readers we did not
+//! The Delta tables `compact::commit` commits, read by readers we did not
 //! write: DuckDB's Delta extension and the `deltalake` package (PyPI, see
 //! scripts/duckdb.sh and tests/readers/delta.py). Every column kind compact
 //! writes, the protocol each table needs, a replace (remove + add) and time
@@ -18,10 +18,11 @@ use common::read_delta;
 use object_store::ObjectStore;
 use parquet::arrow::ArrowWriter;
 use serde_json::{Value, json};
-use waltail::compact::delta::{self, Commit, DataFile, Location, Role};
-use waltail::compact::latest::latest_schema;
-use waltail::compact::typing::{Column, Kind, TableShape};
+use waltail::compact::commit::Commit;
 use waltail::config::DestinationConfig;
+use waltail::lakehouse::delta::{self, DataFile, Location, Role};
+use waltail::lakehouse::layout::latest_schema;
+use waltail::lakehouse::typing::{Column, Kind, TableShape};
 
 fn shape() -> TableShape {
     let col = |name: &str, kind| Column {
@@ -151,7 +152,9 @@ async fn a_replaced_latest_view_is_read_whole_and_as_it_was_by_duckdb_and_deltal
         vec![file("a.parquet", &[1, 2]), file("b.parquet", &[3])],
         vec![],
     );
-    delta::commit(&loc, "public/t", None, v0).await.unwrap();
+    waltail::compact::commit::commit(&loc, "public/t", None, v0)
+        .await
+        .unwrap();
     let before = delta::load(&loc, Role::Latest, "public/t", &app)
         .await
         .unwrap()
@@ -162,7 +165,7 @@ async fn a_replaced_latest_view_is_read_whole_and_as_it_was_by_duckdb_and_deltal
         vec!["a.parquet".into()],
     );
     assert_eq!(
-        delta::commit(&loc, "public/t", Some(&before), v1)
+        waltail::compact::commit::commit(&loc, "public/t", Some(&before), v1)
             .await
             .unwrap(),
         1
@@ -191,7 +194,7 @@ async fn a_replaced_latest_view_is_read_whole_and_as_it_was_by_duckdb_and_deltal
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_history_partitioned_by_date_is_read_with_its_dates_by_duckdb_and_deltalake() {
-    use waltail::compact::history::history_schema;
+    use waltail::lakehouse::layout::history_schema;
     let dir = tempfile::tempdir().unwrap();
     let loc = folder(dir.path());
     let mut shape = shape();
@@ -236,7 +239,9 @@ async fn a_history_partitioned_by_date_is_read_with_its_dates_by_duckdb_and_delt
         info: vec![],
         txns: vec![],
     };
-    delta::commit(&loc, "public/t", None, commit).await.unwrap();
+    waltail::compact::commit::commit(&loc, "public/t", None, commit)
+        .await
+        .unwrap();
     for engine in ["duckdb", "deltalake"] {
         let (header, rows) = read_delta(engine, &table, None);
         assert_eq!(

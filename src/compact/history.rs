@@ -9,12 +9,11 @@
 //! and four 10 MiB parts per file being written (see `Upload`). Shared
 //! here: [`ParquetFile`], the writer the latest view uses too.
 
-use std::borrow::Borrow;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, SchemaRef};
 use bytes::{Bytes, BytesMut};
 use datafusion::common::hash_utils::create_hashes_with_hasher;
 use futures::future::BoxFuture;
@@ -28,13 +27,12 @@ use parquet::basic::{Encoding, GzipLevel, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
-use super::change::TypedChange;
-use super::columns::{ChangeBatch, LSN, change_batch};
 use super::spool;
 use super::task::Task;
-use super::typing::TableShape;
-use crate::archive::key::key_segment;
 use crate::config::{CompactConfig, Compression};
+use crate::lakehouse::columns::{ChangeBatch, LSN};
+use crate::lakehouse::layout::history_schema;
+use crate::lakehouse::typing::TableShape;
 use crate::{Error, Result};
 
 /// Changes written at a time: the batches of small objects are joined up
@@ -77,48 +75,6 @@ pub fn writer_properties(config: &CompactConfig) -> WriterProperties {
     // columns below, 25% less history and 7% less CPU on the benchmark).
     builder = builder.set_column_encoding(ColumnPath::from("_seq"), Encoding::DELTA_BINARY_PACKED);
     builder.build()
-}
-
-/// `[prefix/]<root>/<schema>/<table>`, names encoded as schema records' are.
-pub fn table_dir(prefix: Option<&str>, root: &str, shape: &TableShape) -> String {
-    let (schema, table) = shape.schema_and_name();
-    crate::archive::key::under(
-        prefix,
-        &format!("{root}/{}/{}", key_segment(schema), key_segment(table)),
-    )
-}
-
-/// The history file of `shape` for seqs `first..=last` committed on `date`.
-pub fn history_key(
-    prefix: Option<&str>,
-    shape: &TableShape,
-    date: &str,
-    first: u64,
-    last: u64,
-    run: &str,
-) -> String {
-    format!(
-        "{}/date={date}/{first}-{last}-{run}.parquet",
-        table_dir(prefix, "parquet", shape)
-    )
-}
-
-/// The history's Arrow schema: the data columns, then the metadata.
-pub fn history_schema(shape: &TableShape) -> SchemaRef {
-    let mut fields: Vec<Field> = shape
-        .columns
-        .iter()
-        .map(|c| Field::new(&c.name, c.kind.data_type(), true))
-        .collect();
-    fields.extend([
-        Field::new("_op", DataType::Utf8, false),
-        Field::new("_seq", DataType::Int64, false),
-        Field::new("_lsn", DataType::Utf8, false),
-        Field::new("_key", DataType::Utf8, true),
-        Field::new("_old", DataType::Utf8, true),
-        Field::new("_unchanged", DataType::Utf8, true),
-    ]);
-    Arc::new(Schema::new(fields))
 }
 
 /// Where compact's Parquet files go: the store and, for S3, its multipart
@@ -779,19 +735,14 @@ fn stored_as_integers(data_type: &DataType) -> bool {
     ) || matches!(data_type, DataType::Decimal128(precision, _) if *precision <= 18)
 }
 
-/// The history's columns (data, then `_op`, `_seq`, `_lsn`, `_key`, `_old`,
-/// `_unchanged`) of typed changes, as [`history_schema`] lays them out
-/// (`query` reads its NDJSON tail into them; compaction builds them as it
-/// parses, see [`super::columns`]).
-pub fn history_columns<R: Borrow<TypedChange>>(shape: &TableShape, rows: &[R]) -> Vec<ArrayRef> {
-    change_batch(shape, rows).history
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compact::change::ChangeOp;
-    use crate::compact::typing::Cell;
+    use crate::lakehouse::change::ChangeOp;
+    use crate::lakehouse::change::TypedChange;
+    use crate::lakehouse::columns::change_batch;
+    use crate::lakehouse::layout::history_columns;
+    use crate::lakehouse::typing::Cell;
     use arrow::array::AsArray;
     use arrow::datatypes::Int64Type;
     use futures::StreamExt;

@@ -41,7 +41,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::DataType;
 use compact_str::CompactString;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
@@ -49,14 +49,15 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use parquet::file::properties::WriterProperties;
 
-use super::change::{ChangeOp, TypedChange};
-use super::columns::{absent_bits, left_out};
-use super::compacted::UNREADABLE_FIX;
-use super::history::{Output, ParquetFile, dictionaries_for, table_dir};
-use super::session::{ARCHIVE_URL, table_url};
+use super::history::{Output, ParquetFile, dictionaries_for};
 use super::spool::{Role, Spool, bucket_of};
-use super::typing::{Cell, TableShape, build_array, read_cells};
 use crate::error::ErrorKind;
+use crate::lakehouse::change::{ChangeOp, TypedChange};
+use crate::lakehouse::columns::{absent_bits, left_out};
+use crate::lakehouse::compacted::UNREADABLE_FIX;
+use crate::lakehouse::layout::{latest_schema, table_dir};
+use crate::lakehouse::session::{ARCHIVE_URL, table_url};
+use crate::lakehouse::typing::{Cell, TableShape, build_array, read_cells};
 use crate::{Error, Result};
 
 /// Rows per Arrow batch written.
@@ -104,21 +105,6 @@ pub struct LatestView {
     pub shape: Arc<TableShape>,
     sources: Vec<Source>,
     rows: HashMap<CompactString, Row, foldhash::fast::RandomState>,
-}
-
-/// The latest view's Arrow schema.
-pub fn latest_schema(shape: &TableShape) -> SchemaRef {
-    let mut fields: Vec<Field> = shape
-        .columns
-        .iter()
-        .map(|c| Field::new(&c.name, c.kind.data_type(), true))
-        .collect();
-    fields.extend([
-        Field::new("_seq", DataType::Int64, false),
-        Field::new("_lsn", DataType::Utf8, false),
-        Field::new("_key", DataType::Utf8, false),
-    ]);
-    Arc::new(Schema::new(fields))
 }
 
 impl LatestView {
@@ -432,7 +418,7 @@ impl LatestView {
     /// the table's folder, rows ordered by key, in files
     /// `<generation>-<bucket>-<part>` of about `file_bytes` at most; an
     /// empty bucket writes no file unless `always`. No snapshot names them
-    /// until the run's commit (see [`super::delta`]). Returns the files
+    /// until the run's commit (see [`crate::lakehouse::delta`]). Returns the files
     /// (key under the prefix, bytes, rows).
     pub async fn write_bucket(
         &self,

@@ -3,17 +3,20 @@
 //! history of every change (partitioned by date) and a latest-row view,
 //! incrementally and exactly once.
 //!
-//! The stages, one file each, in the order a run goes through them:
+//! A run is plan, write, commit; the tables' format (reading archive
+//! lines, the columns, the Delta logs) is [`crate::lakehouse`]'s, which
+//! query reads with:
 //!
 //! ```text
-//! compacted (each table's two Delta logs: where it continues, its columns)
-//!     --> listing (archive objects, schema records) --> plan (what is new,
-//!         grouped into files)
-//!     --> read (NDJSON lines -> typed changes, typing: records -> Arrow;
-//!         columns: each object's changes as an Arrow batch per table)
-//!     --> history (Parquet per table and date)  +  latest (merge, new generation)
-//!         [+ rewrite: earlier history files again, when a column's type widened]
-//!     --> delta (per table: the history's commit, then the latest view's)
+//! plan:   lakehouse::compacted (each table's two Delta logs: where it continues,
+//!             its columns) + archive::listing (objects, schema records)
+//!         --> plan (what is new, grouped into files)
+//! write:  lakehouse::read (NDJSON lines -> typed changes -> Arrow batches per table)
+//!         --> history (Parquet per table and date)  +  spool, latest (merge, new
+//!             generation)  [+ rewrite: earlier history files again, when a
+//!             column's type widened]
+//! commit: commit (per table: the history's Delta commit, then the latest view's;
+//!             vacuum)
 //! ```
 //!
 //! Every file a run writes has a name of its own (the run's id is in it),
@@ -21,23 +24,15 @@
 //! carries the last seq compacted as a Delta `txn` version, and a run
 //! starts from the one its table's logs record: a run stopped at any point
 //! is redone by the next one, and no change is compacted twice (see
-//! [`plan`] and [`delta::commit`]).
+//! [`plan`] and [`commit::commit`]).
 
-pub mod change;
-pub mod columns;
-pub(crate) mod compacted;
-pub mod delta;
+pub mod commit;
 pub mod history;
 pub mod latest;
-pub mod line;
 pub(crate) mod plan;
-pub mod read;
 pub(crate) mod rewrite;
-mod scan;
-pub mod session;
 pub mod spool;
 mod task;
-pub mod typing;
 pub(crate) mod upgrade;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -49,17 +44,18 @@ use futures::{StreamExt, TryStreamExt};
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use object_store::ObjectStore;
 
-use self::compacted::Compacted;
-use self::delta::{Location, Role};
 use self::history::HistoryFile;
 use self::latest::{MergeInput, merge_bucket};
 use self::plan::{Plan, plan_files};
 use self::task::Task;
-use self::typing::TableShape;
 use crate::archive::listing;
 use crate::archive::schema::SchemaRecord;
 use crate::config::Config;
 use crate::error::ErrorKind;
+use crate::lakehouse::compacted::{self, Compacted};
+use crate::lakehouse::delta::{self, Location, Role};
+use crate::lakehouse::typing::TableShape;
+use crate::lakehouse::{layout, line, read, session};
 use crate::sink::Sink;
 use crate::{Error, Result};
 
@@ -111,36 +107,15 @@ pub struct Summary {
 
 /// Compacts what is new in the archive (see the module doc). Runs on
 /// different tables go on side by side; of two on the same table, the
-/// second to commit stops and says so (see [`delta::commit`]).
+/// second to commit stops and says so (see [`commit::commit`]).
 pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
     let started = Instant::now();
     let sink = Sink::with_retry(
         &config.destination,
         config.delivery.request_timeout,
-        store_retry(),
+        crate::lakehouse::store_retry(),
     )?;
     run(config, opts, &sink, started).await
-}
-
-/// How compact's requests are retried: reads and writes of a run that
-/// takes minutes should outlast a store that restarts or drops
-/// connections for a few seconds (the streaming sink instead has its own,
-/// longer policy and no client retries). Connection failures, 5xx, 429
-/// and timeouts of idempotent requests are retried, from 100 ms growing
-/// to 15 s, for 2 minutes at most. object_store draws each wait at random
-/// between the first and the last one times the base, so waits can stay
-/// short for a while: 15 retries were once spent within 2.7 s of a 3 s
-/// outage; 60 leave the 2 minutes the limit that counts.
-pub fn store_retry() -> object_store::RetryConfig {
-    object_store::RetryConfig {
-        backoff: object_store::BackoffConfig {
-            init_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(15),
-            base: 2.0,
-        },
-        max_retries: 60,
-        retry_timeout: Duration::from_secs(120),
-    }
 }
 
 async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> Result<Summary> {
@@ -164,7 +139,7 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
         .map(|t| TableShape::from_records(t, records(t)))
         .collect();
     if opts.vacuum {
-        let what = delta::Vacuum {
+        let what = commit::Vacuum {
             replaced_after: config.compact.retain,
             unnamed_after: Some(UNNAMED_AFTER),
         };
@@ -307,7 +282,7 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
                 let hist = match &mut open[table] {
                     Some(hist) => hist,
                     slot @ None => {
-                        let key = history::history_key(
+                        let key = layout::history_key(
                             prefix,
                             shape,
                             &file.date,
@@ -335,7 +310,7 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
         open.sort_by(|a, b| a.shape.table.cmp(&b.shape.table));
         for hist in open {
             let table = hist.shape.table.clone();
-            let dir = history::table_dir(prefix, "parquet", &hist.shape);
+            let dir = layout::table_dir(prefix, "parquet", &hist.shape);
             let (key, rows, bytes, spooled) = hist.finish(spool.takes_rows(&table)).await?;
             for batch in spooled {
                 spool.push_rows(&table, batch).await?;
@@ -488,11 +463,11 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
                 adds.extend(copies);
             }
             let txns = compacted::date_txns(&app, last_date.as_deref());
-            delta::commit(
+            commit::commit(
                 &loc,
                 &dir,
                 c.history.as_ref(),
-                delta::Commit {
+                commit::Commit {
                     shape,
                     role: Role::History,
                     app_id: &app,
@@ -512,7 +487,7 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
         }
         let (adds, removes, buckets) = match latest_writes.remove(table) {
             Some((files, buckets)) => {
-                let latest_dir = history::table_dir(prefix, "latest", shape);
+                let latest_dir = layout::table_dir(prefix, "latest", shape);
                 let adds = files
                     .iter()
                     .map(|f| {
@@ -538,11 +513,11 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
                 c.latest.as_ref().map_or(1, |l| l.buckets),
             ),
         };
-        delta::commit(
+        commit::commit(
             &loc,
             &dir,
             c.latest.as_ref(),
-            delta::Commit {
+            commit::Commit {
                 shape,
                 role: Role::Latest,
                 app_id: &app,
@@ -564,7 +539,7 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
             .iter()
             .map(|t| shapes[t].as_ref().clone())
             .collect();
-        let what = delta::Vacuum {
+        let what = commit::Vacuum {
             replaced_after: config.compact.retain,
             unnamed_after: None,
         };
@@ -575,17 +550,17 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
 }
 
 /// Vacuums the history and latest view of each of `tables` (see
-/// [`delta::vacuum`]), a few at a time; returns the files deleted.
+/// [`commit::vacuum`]), a few at a time; returns the files deleted.
 pub async fn vacuum_tables(
     loc: &Location,
     tables: &[TableShape],
-    what: delta::Vacuum,
+    what: commit::Vacuum,
 ) -> Result<usize> {
     let vacuums = tables.iter().flat_map(|shape| {
         let dir = compacted::table_folder(shape);
         [Role::History, Role::Latest].map(move |role| {
             let dir = dir.clone();
-            async move { delta::vacuum(loc, role, &dir, what).await }
+            async move { commit::vacuum(loc, role, &dir, what).await }
         })
     });
     let deleted: Vec<usize> = futures::stream::iter(vacuums)
@@ -961,9 +936,9 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::typing::{Column, Kind};
     use super::*;
     use crate::archive::schema::{RecordColumn, SchemaRecord};
+    use crate::lakehouse::typing::{Column, Kind};
     use object_store::ObjectStoreExt;
     use object_store::path::Path as ObjectPath;
 

@@ -10,7 +10,7 @@
 //!   once and in order; an object whose seqs are already compacted (a
 //!   duplicate) is skipped;
 //! - where a table continues is read from its Delta logs alone (the txn
-//!   version of its last commit, see [`super::compacted`]): a run that
+//!   version of its last commit, see [`crate::lakehouse::compacted`]): a run that
 //!   stopped before its commit left nothing a reader or the next run sees.
 
 use crate::archive::listing::ArchiveObject;

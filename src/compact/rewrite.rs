@@ -36,10 +36,11 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::WriterProperties;
 
-use super::compacted::UNREADABLE_FIX;
-use super::delta::DataFile;
-use super::history::{self, Output, ParquetFile};
-use super::typing::{Column, TableShape};
+use super::history::{Output, ParquetFile};
+use crate::lakehouse::compacted::UNREADABLE_FIX;
+use crate::lakehouse::delta::DataFile;
+use crate::lakehouse::layout;
+use crate::lakehouse::typing::{Column, TableShape};
 use crate::{Error, Result};
 
 /// Files rewritten at a time: each holds one row group of its source in
@@ -80,14 +81,14 @@ pub(crate) async fn rewrite_history(
     run: &str,
     props: &WriterProperties,
 ) -> Result<Vec<DataFile>> {
-    let dir = history::table_dir(prefix, "parquet", shape);
-    let schema = history::history_schema(shape);
+    let dir = layout::table_dir(prefix, "parquet", shape);
+    let schema = layout::history_schema(shape);
     futures::stream::iter(files)
         .map(|file| {
             let (dir, schema) = (&dir, &schema);
             async move {
                 let (date, first, last) = seqs_and_date(file)?;
-                let key = history::history_key(prefix, shape, &date, first, last, run);
+                let key = layout::history_key(prefix, shape, &date, first, last, run);
                 let from = format!("{dir}/{}", file.path);
                 let source = StoredFile {
                     store: Arc::clone(&output.store),
@@ -239,7 +240,7 @@ fn cast(batch: &RecordBatch, schema: &SchemaRef) -> arrow::error::Result<RecordB
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compact::typing::Kind;
+    use crate::lakehouse::typing::Kind;
     use arrow::array::{Array, Int32Array, Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
 

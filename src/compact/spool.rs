@@ -79,9 +79,9 @@ use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use arrow::ipc::reader::FileReader;
 use arrow::ipc::writer::FileWriter;
 
-use super::change::{ChangeOp, TypedChange, op_code};
-use super::columns::{self, Change, ChangeBatch, Counts, absent_bits};
-use super::typing::{Cell, TableShape, build_array};
+use crate::lakehouse::change::{ChangeOp, TypedChange, op_code};
+use crate::lakehouse::columns::{self, Change, ChangeBatch, Counts, absent_bits};
+use crate::lakehouse::typing::{Cell, TableShape, build_array};
 use crate::{Error, Result};
 
 /// Partitions of a table's spool. A power of two; buckets beyond it read
@@ -1014,11 +1014,11 @@ fn read_partitions(path: &Path, partitions: impl Iterator<Item = u32>) -> Result
 
 #[cfg(test)]
 mod tests {
-    use super::super::columns::{change_batch, left_out};
     use super::super::latest::{LatestView, MergeInput, merge_bucket};
-    use super::super::session;
-    use super::super::typing::read_cells;
     use super::*;
+    use crate::lakehouse::columns::{change_batch, left_out};
+    use crate::lakehouse::session;
+    use crate::lakehouse::typing::read_cells;
 
     fn shape() -> Arc<TableShape> {
         Arc::new(TableShape::test_t())

@@ -24,13 +24,14 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::file::metadata::{FooterTail, ParquetMetaDataReader};
 use serde::Deserialize;
 
-use super::compacted::{UNREADABLE_FIX, date_txns, history_first_seq, table_folder};
-use super::delta::{self, DataFile, Location, Role};
-use super::history::table_dir;
-use super::typing::{Column, TableShape};
+use super::commit;
 use crate::archive::key::under;
 use crate::archive::schema::SchemaRecord;
 use crate::error::ErrorKind;
+use crate::lakehouse::compacted::{UNREADABLE_FIX, date_txns, history_first_seq, table_folder};
+use crate::lakehouse::delta::{self, DataFile, Location, Role};
+use crate::lakehouse::layout::table_dir;
+use crate::lakehouse::typing::{Column, TableShape};
 use crate::{Error, Result};
 
 /// Where the earlier releases kept their progress, under the prefix.
@@ -232,11 +233,11 @@ async fn upgrade_table(
             });
         }
         let txns = date_txns(&app, entry.next_date.as_deref());
-        delta::commit(
+        commit::commit(
             loc,
             &dir,
             None,
-            delta::Commit {
+            commit::Commit {
                 shape,
                 role: Role::History,
                 app_id: &app,
@@ -270,11 +271,11 @@ async fn upgrade_table(
                 date: None,
             });
         }
-        delta::commit(
+        commit::commit(
             loc,
             &dir,
             None,
-            delta::Commit {
+            commit::Commit {
                 shape,
                 role: Role::Latest,
                 app_id: &app,

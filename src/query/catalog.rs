@@ -16,10 +16,10 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::archive::listing::{self, Resume};
-use crate::compact::compacted;
-use crate::compact::compacted::TableEntry;
-use crate::compact::delta::Location;
-use crate::compact::typing::TableShape;
+use crate::lakehouse::compacted;
+use crate::lakehouse::compacted::TableEntry;
+use crate::lakehouse::delta::Location;
+use crate::lakehouse::typing::TableShape;
 use crate::{Error, Result};
 
 /// One NDJSON object of the archive.

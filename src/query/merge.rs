@@ -22,8 +22,8 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, RecordBatch, StringArray};
 use arrow::datatypes::{Field, Schema, SchemaRef};
 
-use crate::compact::change::{ChangeOp, TypedChange};
-use crate::compact::typing::{Cell, TableShape, build_array};
+use crate::lakehouse::change::{ChangeOp, TypedChange};
+use crate::lakehouse::typing::{Cell, TableShape, build_array};
 
 /// A row as the changes left it.
 #[derive(Debug, Clone, PartialEq)]

@@ -40,9 +40,9 @@ use datafusion::sql::sqlparser::dialect::GenericDialect;
 
 use self::catalog::{Archive, At};
 use self::output::{Format, Written};
-use crate::compact::delta::Location;
-use crate::compact::session::ARCHIVE_URL;
 use crate::config::Config;
+use crate::lakehouse::delta::Location;
+use crate::lakehouse::session::ARCHIVE_URL;
 use crate::sink::Sink;
 use crate::{Error, Result};
 
@@ -95,7 +95,7 @@ impl Query {
         let sink = Sink::with_retry(
             &config.destination,
             config.delivery.request_timeout,
-            crate::compact::store_retry(),
+            crate::lakehouse::store_retry(),
         )?;
         Ok(Query {
             loc: Location::new(&config.destination, sink.store())?,

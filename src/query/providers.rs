@@ -44,15 +44,15 @@ use super::catalog::Archive;
 use super::merge::{Overlay, overlay_schema};
 use super::tail::{Bounds, TailKind, TailTable, typed_changes};
 use crate::archive::listing;
-use crate::compact::change::TypedChange;
-use crate::compact::compacted::{UNREADABLE_FIX, history_first_seq};
-use crate::compact::history::history_schema;
-use crate::compact::latest::latest_schema;
-use crate::compact::line::key_json;
-use crate::compact::read;
-use crate::compact::session::table_url;
-use crate::compact::typing::{Cell, TableShape, read_cells};
 use crate::error::ErrorKind;
+use crate::lakehouse::change::TypedChange;
+use crate::lakehouse::compacted::{UNREADABLE_FIX, history_first_seq};
+use crate::lakehouse::layout::history_schema;
+use crate::lakehouse::layout::latest_schema;
+use crate::lakehouse::line::key_json;
+use crate::lakehouse::read;
+use crate::lakehouse::session::table_url;
+use crate::lakehouse::typing::{Cell, TableShape, read_cells};
 use crate::{Error, Result};
 
 /// Rows per batch of the tables built in memory.
@@ -174,7 +174,7 @@ fn df(e: DataFusionError) -> Error {
 
 /// A session for the reads that build a table (not the user's session).
 fn internal_session(archive: &Archive) -> SessionContext {
-    crate::compact::session::session(Arc::clone(&archive.store))
+    crate::lakehouse::session::session(Arc::clone(&archive.store))
 }
 
 /// A Parquet table over explicit files or a folder, read as `schema`.
@@ -576,8 +576,8 @@ fn history_changes(shape: &TableShape, batch: &RecordBatch) -> Result<Vec<TypedC
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compact::history::history_columns;
-    use crate::compact::read::{Envelope, type_change};
+    use crate::lakehouse::layout::history_columns;
+    use crate::lakehouse::read::{Envelope, type_change};
 
     #[test]
     fn history_rows_read_back_as_the_changes_they_were() {

@@ -31,11 +31,11 @@ use serde_json::Value;
 
 use super::catalog::{Archive, Object};
 use crate::archive::listing;
-use crate::compact::change::TypedChange;
-use crate::compact::history::{history_columns, history_schema};
-use crate::compact::read::{Envelope, type_change};
-use crate::compact::typing::TableShape;
 use crate::error::ErrorKind;
+use crate::lakehouse::change::TypedChange;
+use crate::lakehouse::layout::{history_columns, history_schema};
+use crate::lakehouse::read::{Envelope, type_change};
+use crate::lakehouse::typing::TableShape;
 use crate::{Error, Result};
 
 /// What a tail table holds.

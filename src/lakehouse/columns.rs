@@ -13,7 +13,7 @@
 //! 10,000-line benchmark archive, three alternated runs: user CPU 6.6-6.9
 //! s -> 5.7-6.0 s, wall 4.0-4.7 s -> 3.6-3.7 s, the same output.
 //!
-//! A table whose spool still combines its changes (see [`super::spool`])
+//! A table whose spool still combines its changes (see [`crate::compact::spool`])
 //! also needs them as typed rows: the parse keeps those beside the batch
 //! (see [`super::line::Shapes::combines`]).
 

@@ -9,7 +9,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::delta::{self, Location, Published, Role};
-use super::history::table_dir;
+use super::layout::table_dir;
 use super::typing::{Column, TableShape};
 use crate::archive::listing::Resume;
 use crate::{Error, Result};
