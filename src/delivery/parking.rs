@@ -136,7 +136,7 @@ mod tests {
 
     use super::*;
     use crate::archive::envelope::TableRef;
-    use crate::checkpoint::tests::parked;
+    use crate::checkpoint::parked::tests::parked;
 
     fn batch(first_seq: u64, rows: &[u64], table: &str) -> Batch {
         Batch {
