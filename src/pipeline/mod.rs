@@ -45,15 +45,6 @@ use crate::source::backfill::{
 use crate::source::stream::{SourceEvent, TableSchema};
 use crate::telemetry::{LagWatch, METRICS};
 
-/// Event batches buffered between the source and the pipeline (of at most
-/// [`stream::EVENT_BATCH`] events each, so about 4,096 events). Small:
-/// backpressure should reach Postgres quickly, and each event holds a
-/// rendered row.
-const EVENT_CHANNEL: usize = 16;
-/// Status updates go out at least this often even while the pipeline is
-/// blocked, and at least three times per wal_sender_timeout (see
-/// [`status_interval`]), so the server never drops us as unresponsive.
-const STATUS_INTERVAL: Duration = Duration::from_secs(10);
 /// Cut batches that may wait per upload slot (`delivery.max_in_flight`).
 /// Their intents are recorded together when the first of them starts, in
 /// one transaction and one sync of the state: into a local folder, that
@@ -72,9 +63,6 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// Archived objects are logged one by one when they are at least this far
 /// apart, else summarised, so a busy pipeline logs a line per interval.
 const LOG_EVERY: Duration = Duration::from_secs(2);
-/// Reconnect waits: from 1 s doubling to 30 s.
-const RECONNECT_MIN: Duration = Duration::from_secs(1);
-const RECONNECT_MAX: Duration = Duration::from_secs(30);
 
 /// Stop requests: the first asks for a graceful stop (flush, confirm, exit),
 /// a second one for an immediate stop.
@@ -86,8 +74,6 @@ pub(crate) struct RunOptions {
     /// Create a new slot when the recorded one has disappeared.
     pub recreate_slot: bool,
 }
-
-const META_SLOT: &str = "slot";
 
 /// Why the pipeline loop ended without an error.
 enum Ended {

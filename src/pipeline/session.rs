@@ -9,10 +9,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{
-    EVENT_CHANNEL, Ended, META_SLOT, Pipeline, RECONNECT_MAX, RECONNECT_MIN, RunOptions,
-    STATUS_INTERVAL, Shutdown,
-};
+use super::{Ended, Pipeline, RunOptions, Shutdown};
 use crate::backoff::Backoff;
 use crate::checkpoint::{Checkpoint, Cursor};
 use crate::config::Config;
@@ -27,6 +24,22 @@ use crate::source::{self, setup};
 use crate::sql::quote_ident;
 use crate::telemetry::METRICS;
 use crate::{Error, Result};
+
+/// Event batches buffered between the source and the pipeline (of at most
+/// [`stream::EVENT_BATCH`] events each, so about 4,096 events). Small:
+/// backpressure should reach Postgres quickly, and each event holds a
+/// rendered row.
+const EVENT_CHANNEL: usize = 16;
+/// Status updates go out at least this often even while the pipeline is
+/// blocked, and at least three times per wal_sender_timeout (see
+/// [`status_interval`]), so the server never drops us as unresponsive.
+const STATUS_INTERVAL: Duration = Duration::from_secs(10);
+/// Reconnect waits: from 1 s doubling to 30 s.
+const RECONNECT_MIN: Duration = Duration::from_secs(1);
+const RECONNECT_MAX: Duration = Duration::from_secs(30);
+
+/// The meta key of the slot the state belongs to (see [`prepare`]).
+const META_SLOT: &str = "slot";
 
 /// Streams until asked to stop (Ok) or until an error no retry can fix.
 pub(crate) async fn run(config: &Config, opts: &RunOptions, mut shutdown: Shutdown) -> Result<()> {
