@@ -100,19 +100,30 @@ pub const DEFAULT_COMPACT_FILE_BYTES: u64 = 256 << 20;
 pub const DEFAULT_COMPACT_MERGE_BYTES: u64 = 128 << 20;
 /// Where the archive goes when no `[destination]` is configured.
 pub const DEFAULT_ARCHIVE_DIR: &str = "./waltail-archive";
+/// Where the local state goes when `state_dir` is not set: beside the
+/// archive folder, so the demo keeps everything in one place.
 pub const DEFAULT_STATE_DIR: &str = "./waltail-state";
+/// The pipeline name when none is set (object keys, slot and publication).
 pub const DEFAULT_PIPELINE: &str = "waltail";
+/// The file read when no `--config` is given, if it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "waltail.toml";
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// `pipeline`: the name in object keys and the default slot and
+    /// publication names.
     pub pipeline: String,
+    /// `state_dir`: the folder of the local state (`<pipeline>.sqlite`) and
+    /// the lock file.
     pub state_dir: PathBuf,
+    /// The `[source]` section: the database to archive.
     pub source: SourceConfig,
+    /// The `[destination]` section: where objects go.
     pub destination: DestinationConfig,
     /// `destination.compression`: how archive objects are encoded.
     pub compression: Codec,
+    /// The `[delivery]` section: batching and retries.
     pub delivery: DeliveryConfig,
     /// Where the console, `/metrics`, `/healthz` and `/readyz` are served;
     /// off when `None`.
@@ -120,6 +131,7 @@ pub struct Config {
     /// `telemetry.slot_lag_warn_bytes`: slot lag that makes `run` warn and
     /// `status` and the console flag it; 0 = never.
     pub slot_lag_warn_bytes: u64,
+    /// The `[backfill]` section.
     pub backfill: BackfillConfig,
     /// The `[compact]` section.
     pub compact: CompactConfig,
@@ -144,7 +156,7 @@ pub struct CompactConfig {
     /// `compact.compression_level`: zstd's (1-22) or gzip's (0-9); `None`:
     /// the codec's default here (zstd 3, gzip 6).
     pub compression_level: Option<u32>,
-    /// `compact.row_group_rows`.
+    /// `compact.row_group_rows`: rows per Parquet row group.
     pub row_group_rows: usize,
     /// `compact.file_bytes`: NDJSON input bytes per history file at most,
     /// and the Parquet bytes per latest-view file at most.
@@ -177,12 +189,18 @@ impl Default for CompactConfig {
 /// A Parquet codec `compact` may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compression {
+    /// The default: the best ratio for its speed.
     Zstd,
+    /// Fast, larger files; what some older readers expect.
     Snappy,
+    /// Read everywhere, slow to write.
     Gzip,
+    /// Uncompressed.
     None,
 }
 
+/// `[source]`: the database, the tables, and the publication and slot
+/// names.
 #[derive(Clone)]
 pub struct SourceConfig {
     /// The connection string as given: it may hold a password, so it stays secret.
@@ -193,8 +211,11 @@ pub struct SourceConfig {
     /// `sslmode` and `sslrootcert` from the URL (tokio-postgres knows neither
     /// `verify-ca`/`verify-full` nor `sslrootcert`).
     pub tls: TlsSettings,
+    /// `source.tables`: the tables archived (the publication holds them).
     pub tables: Vec<TableName>,
+    /// `source.publication`: default `waltail_<pipeline>` (its `-` as `_`).
     pub publication: String,
+    /// `source.slot`: the replication slot; default as the publication.
     pub slot: String,
 }
 
@@ -210,16 +231,22 @@ impl std::fmt::Debug for SourceConfig {
     }
 }
 
+/// `[destination]`: where the archive is.
 #[derive(Debug, Clone)]
 pub enum DestinationConfig {
+    /// `type = "file"`: a local folder (the default, `./waltail-archive`).
     File {
+        /// `destination.path`: the folder.
         path: PathBuf,
+        /// `destination.prefix`: keys start with it inside the folder.
         prefix: Option<String>,
     },
+    /// `type = "s3"`: a bucket of S3 or an S3-compatible store.
     S3(S3Config),
 }
 
 impl DestinationConfig {
+    /// The key prefix every object and table is under, if any.
     pub fn prefix(&self) -> Option<&str> {
         match self {
             DestinationConfig::File { prefix, .. } => prefix.as_deref(),
@@ -237,14 +264,25 @@ impl DestinationConfig {
     }
 }
 
+/// `type = "s3"`: the bucket and how to reach and sign for it (the
+/// product page's names).
 #[derive(Debug, Clone)]
 pub struct S3Config {
+    /// `destination.bucket`.
     pub bucket: String,
+    /// `destination.prefix`: keys start with it.
     pub prefix: Option<String>,
+    /// `destination.region`; `None`: from the AWS environment, else us-east-1.
     pub region: Option<String>,
+    /// `destination.endpoint`: an S3-compatible store's URL (MinIO,
+    /// SeaweedFS, R2...); `None` is AWS.
     pub endpoint: Option<String>,
+    /// `destination.use_path_style`: `host/bucket/key` rather than
+    /// `bucket.host/key`, which most self-hosted stores need.
     pub use_path_style: bool,
+    /// `destination.access_key_id`; `None`: the AWS credential chain.
     pub access_key_id: Option<String>,
+    /// `destination.secret_access_key`, kept secret in Debug output.
     pub secret_access_key: Option<SecretString>,
     /// `destination.profile`: the profile of the shared AWS files; `None`
     /// is AWS_PROFILE, else "default".
@@ -257,23 +295,34 @@ pub struct S3Config {
 /// A role the S3 credentials come from (`destination.role_arn`).
 #[derive(Debug, Clone)]
 pub struct AssumeRole {
+    /// `destination.role_arn`.
     pub arn: String,
+    /// `destination.external_id`, when the role's trust policy asks for one.
     pub external_id: Option<String>,
     /// Default "waltail".
     pub session_name: String,
 }
 
+/// `[delivery]`: how changes become objects and how uploads are retried.
 #[derive(Debug, Clone)]
 pub struct DeliveryConfig {
+    /// `delivery.batch_size`: changes per object at most.
     pub batch_size: usize,
     /// `delivery.max_batch_bytes`: an object's size cap in bytes.
     pub max_batch_bytes: usize,
+    /// `delivery.linger_ms`: how long a partial batch waits for more
+    /// changes before it is written.
     pub linger: Duration,
     /// Changes per second; 0 means unlimited.
     pub rate_limit: u32,
+    /// `delivery.max_in_flight`: uploads at once.
     pub max_in_flight: usize,
+    /// `delivery.max_attempts`: tries of one PUT before its batch is parked.
     pub max_attempts: u32,
+    /// `delivery.backoff`: the waits between tries; the last one repeats.
     pub backoff: Vec<Duration>,
+    /// `delivery.request_timeout_ms`: a PUT not answered in this long is a
+    /// failed try.
     pub request_timeout: Duration,
 }
 
@@ -297,6 +346,7 @@ impl Default for DeliveryConfig {
 /// from it.
 #[derive(Debug, Clone)]
 pub struct Sources {
+    /// The config file read, if any.
     pub file: Option<PathBuf>,
     table: toml::Table,
     vars: BTreeMap<String, String>,

@@ -22,7 +22,9 @@ use crate::sql::quote_ident;
 ///   can only be listed in the file.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TableName {
+    /// The schema, as Postgres stores it (unquoted names folded to lower case).
     pub schema: String,
+    /// The table, as Postgres stores it.
     pub name: String,
 }
 

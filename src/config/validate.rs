@@ -26,8 +26,8 @@ pub(super) fn positive(key: &str, v: Option<i64>, default: i64, max: i64) -> Res
     Ok(v)
 }
 
-/// A pipeline, slot or publication name: what Postgres and object keys
-/// both take.
+/// A pipeline name: it goes into object keys and the default slot and
+/// publication names, so it takes what all three allow.
 pub(super) fn valid_name(key: &str, v: &str) -> Result<()> {
     if v.is_empty()
         || v.len() > 63
