@@ -42,34 +42,40 @@ pub fn history_key(
 
 /// The history's Arrow schema: the data columns, then the metadata.
 pub fn history_schema(shape: &TableShape) -> SchemaRef {
-    let mut fields: Vec<Field> = shape
-        .columns
-        .iter()
-        .map(|c| Field::new(&c.name, c.kind.data_type(), true))
-        .collect();
-    fields.extend([
-        Field::new("_op", DataType::Utf8, false),
-        Field::new("_seq", DataType::Int64, false),
-        Field::new("_lsn", DataType::Utf8, false),
-        Field::new("_key", DataType::Utf8, true),
-        Field::new("_old", DataType::Utf8, true),
-        Field::new("_unchanged", DataType::Utf8, true),
-    ]);
-    Arc::new(Schema::new(fields))
+    with_data_columns(
+        shape,
+        [
+            Field::new("_op", DataType::Utf8, false),
+            Field::new("_seq", DataType::Int64, false),
+            Field::new("_lsn", DataType::Utf8, false),
+            Field::new("_key", DataType::Utf8, true),
+            Field::new("_old", DataType::Utf8, true),
+            Field::new("_unchanged", DataType::Utf8, true),
+        ],
+    )
 }
 
 /// The latest view's Arrow schema.
 pub fn latest_schema(shape: &TableShape) -> SchemaRef {
+    with_data_columns(
+        shape,
+        [
+            Field::new("_seq", DataType::Int64, false),
+            Field::new("_lsn", DataType::Utf8, false),
+            Field::new("_key", DataType::Utf8, false),
+        ],
+    )
+}
+
+/// The table's data columns (each nullable: a deleted row's or an unchanged
+/// TOAST value's cell is null), then `metadata`.
+fn with_data_columns<const N: usize>(shape: &TableShape, metadata: [Field; N]) -> SchemaRef {
     let mut fields: Vec<Field> = shape
         .columns
         .iter()
         .map(|c| Field::new(&c.name, c.kind.data_type(), true))
         .collect();
-    fields.extend([
-        Field::new("_seq", DataType::Int64, false),
-        Field::new("_lsn", DataType::Utf8, false),
-        Field::new("_key", DataType::Utf8, false),
-    ]);
+    fields.extend(metadata);
     Arc::new(Schema::new(fields))
 }
 
