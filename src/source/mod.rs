@@ -38,7 +38,10 @@ use crate::{Error, Result};
 /// settings it cannot hold. Derefs to the tokio-postgres configuration.
 #[derive(Debug, Clone)]
 pub struct PgConfig {
+    /// Host, port, user, password, database and the other libpq settings.
     pub pg: tokio_postgres::Config,
+    /// `sslmode`, the CA and the client certificate, which tokio-postgres's
+    /// configuration has no room for.
     pub tls: pgtls::TlsSettings,
 }
 

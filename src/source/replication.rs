@@ -114,7 +114,9 @@ fn log_notice(fields: ErrorFields<'_>) {
 /// `sslmode` (disable, prefer or require, no CA);
 /// [`crate::source::PgConfig`] carries the full settings of `source.url`.
 pub trait ConnectParams {
+    /// Host, port, user, password, database and timeouts.
     fn pg(&self) -> &tokio_postgres::Config;
+    /// How to negotiate TLS: sslmode, CA and client certificate.
     fn tls(&self) -> Cow<'_, TlsSettings>;
 }
 
@@ -869,17 +871,25 @@ pub enum ReplicationMessage {
     /// WAL data: for logical replication, one output plugin message (for
     /// pgoutput the first byte is its type: b'B', b'R', b'I', b'C', ...).
     XLogData {
+        /// The LSN where this message's WAL data starts.
         wal_start: u64,
+        /// The current end of WAL on the server.
         wal_end: u64,
-        /// Microseconds since 2000-01-01 UTC.
+        /// The server's clock when it sent the message, microseconds since
+        /// 2000-01-01 UTC.
         server_clock: i64,
+        /// The output plugin's message, undecoded.
         data: Bytes,
     },
     /// Primary keepalive. If `reply_requested`, send a status update soon or
     /// the server drops the connection after `wal_sender_timeout`.
     Keepalive {
+        /// The current end of WAL on the server.
         wal_end: u64,
+        /// The server's clock when it sent the keepalive, microseconds since
+        /// 2000-01-01 UTC.
         server_clock: i64,
+        /// The server asks for a status update at once.
         reply_requested: bool,
     },
 }

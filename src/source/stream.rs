@@ -29,13 +29,17 @@ use crate::{Error, Result};
 pub enum SourceEvent {
     /// A transaction starts; its changes follow.
     Begin,
+    /// One row change of the transaction, values rendered as JSON.
     Change(Change),
     /// The transaction is complete; `end_lsn` is what may be confirmed.
     Commit {
+        /// The LSN just past the transaction's commit record: confirming it
+        /// tells the server the whole transaction is archived.
         end_lsn: u64,
     },
     /// The server has sent everything up to `wal_end`.
     Keepalive {
+        /// The server's current end of WAL, as its keepalive says.
         wal_end: u64,
     },
     /// A table's shape as of the changes that follow (sent by the server
@@ -44,8 +48,12 @@ pub enum SourceEvent {
     /// A transactional logical message with waltail's prefix (a backfill
     /// watermark), at its place among the transaction's changes.
     Watermark {
+        /// The message's content, as the backfill wrote it (see
+        /// [`crate::source::watermark`]).
         content: bytes::Bytes,
+        /// The LSN of the commit record of the transaction that wrote it.
         commit_lsn: u64,
+        /// That transaction's commit time, microseconds since 2000-01-01 UTC.
         commit_ts: i64,
     },
 }
@@ -55,7 +63,10 @@ pub enum SourceEvent {
 /// the same shape, so the pipeline can tell versions apart by content.
 #[derive(Debug, Clone)]
 pub struct TableSchema {
+    /// The table this shape is of.
     pub table: Arc<TableRef>,
+    /// The record's columns and replica identity as JSON members, the
+    /// bytes that fingerprint the shape.
     pub members: String,
 }
 
@@ -431,6 +442,7 @@ impl TableShape {
         (TableShape(info), schema)
     }
 
+    /// The table the shape is of.
     pub fn table(&self) -> &Arc<TableRef> {
         &self.0.table
     }

@@ -42,50 +42,98 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
+// The OIDs of the built-in types rendered here (`pg_type.oid`): fixed in
+// every Postgres release, so they are constants, not catalog lookups.
+
+/// `bool`: JSON `true` / `false`.
 pub const BOOL: u32 = 16;
+/// `bytea`: a base64 JSON string.
 pub const BYTEA: u32 = 17;
+/// `"char"`, the one-byte internal type: a JSON string.
 pub const CHAR: u32 = 18;
+/// `name`, the catalogs' identifier type: a JSON string.
 pub const NAME: u32 = 19;
+/// `int8` (`bigint`): a JSON number.
 pub const INT8: u32 = 20;
+/// `int2` (`smallint`): a JSON number.
 pub const INT2: u32 = 21;
+/// `int4` (`integer`): a JSON number.
 pub const INT4: u32 = 23;
+/// `text`: a JSON string.
 pub const TEXT: u32 = 25;
+/// `oid`: a JSON number.
 pub const OID: u32 = 26;
+/// `json`: embedded as JSON, its whitespace kept (newlines made spaces).
 pub const JSON: u32 = 114;
+/// `float4` (`real`): a JSON number; NaN and the infinities a string.
 pub const FLOAT4: u32 = 700;
+/// `float8` (`double precision`): a JSON number; NaN and the infinities a string.
 pub const FLOAT8: u32 = 701;
+/// `bpchar` (`char(n)`): a JSON string, blank padding kept.
 pub const BPCHAR: u32 = 1042;
+/// `varchar`: a JSON string.
 pub const VARCHAR: u32 = 1043;
+/// `date`: a JSON string, `2024-03-01`.
 pub const DATE: u32 = 1082;
+/// `time`: a JSON string, `12:34:56.789`.
 pub const TIME: u32 = 1083;
+/// `timestamp`: an ISO 8601 JSON string without offset.
 pub const TIMESTAMP: u32 = 1114;
+/// `timestamptz`: an ISO 8601 JSON string in UTC, `+00:00`.
 pub const TIMESTAMPTZ: u32 = 1184;
+/// `timetz`: a JSON string, `12:34:56+02`.
 pub const TIMETZ: u32 = 1266;
+/// `numeric`: a JSON number up to 15 significant digits (a double reads
+/// it back exactly), else a JSON string.
 pub const NUMERIC: u32 = 1700;
+/// `uuid`: a JSON string.
 pub const UUID: u32 = 2950;
+/// `jsonb`: embedded as JSON.
 pub const JSONB: u32 = 3802;
 
+/// `json[]`: a JSON array of [`JSON`]'s values.
 pub const JSON_ARRAY: u32 = 199;
+/// `bool[]`: a JSON array of [`BOOL`]'s values.
 pub const BOOL_ARRAY: u32 = 1000;
+/// `bytea[]`: a JSON array of [`BYTEA`]'s values.
 pub const BYTEA_ARRAY: u32 = 1001;
+/// `"char"[]`: a JSON array of [`CHAR`]'s values.
 pub const CHAR_ARRAY: u32 = 1002;
+/// `name[]`: a JSON array of [`NAME`]'s values.
 pub const NAME_ARRAY: u32 = 1003;
+/// `int2[]`: a JSON array of [`INT2`]'s values.
 pub const INT2_ARRAY: u32 = 1005;
+/// `int4[]`: a JSON array of [`INT4`]'s values.
 pub const INT4_ARRAY: u32 = 1007;
+/// `text[]`: a JSON array of [`TEXT`]'s values.
 pub const TEXT_ARRAY: u32 = 1009;
+/// `bpchar[]`: a JSON array of [`BPCHAR`]'s values.
 pub const BPCHAR_ARRAY: u32 = 1014;
+/// `varchar[]`: a JSON array of [`VARCHAR`]'s values.
 pub const VARCHAR_ARRAY: u32 = 1015;
+/// `int8[]`: a JSON array of [`INT8`]'s values.
 pub const INT8_ARRAY: u32 = 1016;
+/// `float4[]`: a JSON array of [`FLOAT4`]'s values.
 pub const FLOAT4_ARRAY: u32 = 1021;
+/// `float8[]`: a JSON array of [`FLOAT8`]'s values.
 pub const FLOAT8_ARRAY: u32 = 1022;
+/// `oid[]`: a JSON array of [`OID`]'s values.
 pub const OID_ARRAY: u32 = 1028;
+/// `timestamp[]`: a JSON array of [`TIMESTAMP`]'s values.
 pub const TIMESTAMP_ARRAY: u32 = 1115;
+/// `date[]`: a JSON array of [`DATE`]'s values.
 pub const DATE_ARRAY: u32 = 1182;
+/// `time[]`: a JSON array of [`TIME`]'s values.
 pub const TIME_ARRAY: u32 = 1183;
+/// `timestamptz[]`: a JSON array of [`TIMESTAMPTZ`]'s values.
 pub const TIMESTAMPTZ_ARRAY: u32 = 1185;
+/// `numeric[]`: a JSON array of [`NUMERIC`]'s values.
 pub const NUMERIC_ARRAY: u32 = 1231;
+/// `timetz[]`: a JSON array of [`TIMETZ`]'s values.
 pub const TIMETZ_ARRAY: u32 = 1270;
+/// `uuid[]`: a JSON array of [`UUID`]'s values.
 pub const UUID_ARRAY: u32 = 2951;
+/// `jsonb[]`: a JSON array of [`JSONB`]'s values.
 pub const JSONB_ARRAY: u32 = 3807;
 
 /// The element type of a supported array type, or `None` if `oid` is not one.
