@@ -442,27 +442,9 @@ impl TableShape {
         (TableShape(info), schema)
     }
 
-    /// The table the shape is of.
-    pub fn table(&self) -> &Arc<TableRef> {
-        &self.0.table
-    }
-
     /// The row as a JSON object, and its identity for per-row ordering (see
-    /// `Change::rows`), from text-format values in column order.
-    pub fn render<'a>(&self, values: impl Iterator<Item = Option<&'a str>>) -> (Vec<u8>, u64) {
-        let tuple = TupleData(
-            values
-                .map(|v| match v {
-                    Some(s) => ColumnValue::Text(bytes::Bytes::copy_from_slice(s.as_bytes())),
-                    None => ColumnValue::Null,
-                })
-                .collect(),
-        );
-        self.render_tuple(&tuple)
-    }
-
-    /// [`render`](Self::render) for values already in a tuple (text
-    /// format), e.g. slices of a `COPY` row that need no copy.
+    /// `Change::rows`), from text-format values in column order, e.g.
+    /// slices of a `COPY` row that need no copy.
     pub fn render_tuple(&self, tuple: &TupleData) -> (Vec<u8>, u64) {
         (row_json(&self.0, tuple, false), row_hash(&self.0, tuple))
     }
