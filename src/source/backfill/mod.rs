@@ -52,7 +52,7 @@ use crate::config::{SourceConfig, TableName};
 use crate::error::ErrorKind;
 use crate::source::catalog::TypeCatalog;
 use crate::source::pgoutput::{Column, Relation};
-use crate::source::stream::TableShape;
+use crate::source::row::TableShape;
 use crate::source::watermark::{
     MESSAGE_PREFIX, MESSAGES_VERSION, WATERMARK_TABLE, watermark_table,
 };
