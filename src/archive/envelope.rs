@@ -12,9 +12,10 @@ use uuid::Uuid;
 
 use crate::lsn;
 
-/// Namespace of every idempotency key: UUIDv5(URL namespace, "https://waltail.dev/idempotency").
-/// A pipeline's namespace is UUIDv5(this, pipeline name); a change's key is
-/// UUIDv5(pipeline namespace, "<commit_lsn X/Y>/<index in transaction>").
+/// Namespace of every idempotency key:
+/// `UUIDv5(URL namespace, "https://waltail.dev/idempotency")`. A pipeline's
+/// namespace is `UUIDv5(this, pipeline name)`; a change's key is
+/// `UUIDv5(pipeline namespace, "<commit_lsn X/Y>/<index in transaction>")`.
 pub fn waltail_namespace() -> Uuid {
     Uuid::new_v5(&Uuid::NAMESPACE_URL, b"https://waltail.dev/idempotency")
 }
