@@ -29,8 +29,11 @@ pub const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
 /// its PUT: `done` once its object is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Intent {
+    /// The seq of the batch's first change.
     pub first_seq: u64,
+    /// The seq of the batch's last change, inclusive.
     pub last_seq: u64,
+    /// The batch's object is written: its changes are skipped on replay.
     pub done: bool,
     /// How the batch's object is encoded (its key says so too): a batch
     /// re-formed after `destination.compression` changed keeps it.
@@ -40,7 +43,9 @@ pub struct Intent {
 /// A batch ready for delivery: one object's worth of envelope lines.
 #[derive(Debug, Clone)]
 pub struct Batch {
+    /// The seq of the batch's first change; with `last_seq` it names the key.
     pub first_seq: u64,
+    /// The seq of the batch's last change, inclusive.
     pub last_seq: u64,
     /// Commit time of the first change (it dates the key).
     pub commit_ts: i64,
@@ -91,7 +96,12 @@ pub enum Cut {
     /// A batch is complete and must be delivered.
     Ready(Batch),
     /// A batch written before a restart was seen again in full; nothing to send.
-    AlreadyWritten { first_seq: u64, last_seq: u64 },
+    AlreadyWritten {
+        /// The seq of the written batch's first change.
+        first_seq: u64,
+        /// The seq of the written batch's last change, inclusive.
+        last_seq: u64,
+    },
 }
 
 /// Cuts batches; see the module docs.
@@ -113,6 +123,10 @@ pub struct Batcher {
 }
 
 impl Batcher {
+    /// A batcher cutting every `batch_size` changes or `linger` after a
+    /// batch's first change, whose first batches are the recorded
+    /// `intents` (in seq order) re-formed exactly; lines are keyed in the
+    /// pipeline's `namespace`.
     pub fn new(batch_size: usize, linger: Duration, namespace: Uuid, intents: Vec<Intent>) -> Self {
         Batcher {
             batch_size,

@@ -32,10 +32,12 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
+    /// What to do; each subcommand's help says what it does.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// waltail's subcommands; each variant's doc is its `--help` line.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Check the source and the destination, printing the fix for each failure
@@ -143,6 +145,7 @@ pub enum Command {
     },
     /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout
     Completions {
+        /// The shell to print completions for
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
@@ -153,6 +156,7 @@ pub enum Command {
     Parked(ParkedCommand),
 }
 
+/// `waltail parked` subcommands: look at and replay the parked batches.
 #[derive(Debug, Subcommand)]
 pub enum ParkedCommand {
     /// List parked and held batches with their last error

@@ -29,8 +29,11 @@ pub const MAX_DECODED_BYTES: u64 = 1 << 30;
 /// How an archive object's NDJSON is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Codec {
+    /// Plain NDJSON, `.ndjson`: readable by anything, the largest objects.
     None,
+    /// gzip, `.ndjson.gz`: the codec every reader (Athena, Spark) decodes.
     Gzip,
+    /// zstd, `.ndjson.zst`: smaller and faster than gzip where readers have it.
     Zstd,
 }
 

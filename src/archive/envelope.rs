@@ -12,9 +12,10 @@ use uuid::Uuid;
 
 use crate::lsn;
 
-/// Namespace of every idempotency key: UUIDv5(URL namespace, "https://waltail.dev/idempotency").
-/// A pipeline's namespace is UUIDv5(this, pipeline name); a change's key is
-/// UUIDv5(pipeline namespace, "<commit_lsn X/Y>/<index in transaction>").
+/// Namespace of every idempotency key:
+/// `UUIDv5(URL namespace, "https://waltail.dev/idempotency")`. A pipeline's
+/// namespace is `UUIDv5(this, pipeline name)`; a change's key is
+/// `UUIDv5(pipeline namespace, "<commit_lsn X/Y>/<index in transaction>")`.
 pub fn waltail_namespace() -> Uuid {
     Uuid::new_v5(&Uuid::NAMESPACE_URL, b"https://waltail.dev/idempotency")
 }
@@ -27,14 +28,21 @@ pub fn pipeline_namespace(pipeline: &str) -> Uuid {
 /// What happened to the row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
+    /// A row was inserted: `data` is the new row, `old` is null.
     Insert,
+    /// A row was updated: `data` is the new row, `old` the old one (or its
+    /// key) when the replica identity gives it.
     Update,
+    /// A row was deleted: `data` is null, `old` is its key or whole row.
     Delete,
+    /// The table was truncated: every row of it is gone, `data` and `old` null.
     Truncate,
+    /// A row read by a backfill snapshot, not a change in the WAL.
     Read,
 }
 
 impl Op {
+    /// The op as the line's `"op"` spells it; [`Op::parse`] reads it back.
     pub fn as_str(self) -> &'static str {
         match self {
             Op::Insert => "insert",
@@ -71,6 +79,7 @@ pub struct TableRef {
 }
 
 impl TableRef {
+    /// A table by its schema and name, as a relation message gives them.
     pub fn new(schema: &str, table: &str) -> TableRef {
         TableRef::from_name(format!("{schema}.{table}"))
     }
@@ -86,7 +95,10 @@ impl TableRef {
 /// One committed change, its values already rendered as JSON.
 #[derive(Debug, Clone)]
 pub struct Change {
+    /// What happened to the row; the line's `"op"`.
     pub op: Op,
+    /// The table changed, shared by every change of it so its name is
+    /// rendered once.
     pub table: Arc<TableRef>,
     /// The row after the change, a JSON object; `None` renders as null.
     pub data: Option<Vec<u8>>,
@@ -120,6 +132,8 @@ pub fn table_hash(table: &TableRef) -> u64 {
 /// never moves to the heap (a spill record has room for two hashes, see
 /// `source::spill`), and the type is `Copy` in 24 bytes.
 pub mod smallvec_lite {
+    /// Up to two row hashes, without duplicates; a third is dropped (no
+    /// change touches more than two rows).
     #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
     pub struct Rows {
         len: u8,
@@ -127,12 +141,14 @@ pub mod smallvec_lite {
     }
 
     impl Rows {
+        /// The set holding the one row `h`.
         pub fn one(h: u64) -> Rows {
             Rows {
                 len: 1,
                 items: [h, 0],
             }
         }
+        /// Adds `h` unless it is already there or the set is full.
         pub fn push(&mut self, h: u64) {
             if self.as_slice().contains(&h) {
                 return;
@@ -142,6 +158,7 @@ pub mod smallvec_lite {
                 self.len += 1;
             }
         }
+        /// The hashes held, in the order they were added.
         pub fn as_slice(&self) -> &[u64] {
             &self.items[..self.len as usize]
         }

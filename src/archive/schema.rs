@@ -19,6 +19,7 @@ pub struct SchemaRecord {
     pub table: String,
     /// From 1, in the order the writer first saw each shape.
     pub version: u32,
+    /// The table's columns in the order Postgres sends them in a row.
     pub columns: Vec<RecordColumn>,
     /// `default`, `full`, `index` or `nothing`.
     pub replica_identity: String,
@@ -27,12 +28,16 @@ pub struct SchemaRecord {
 /// A column as a schema record describes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordColumn {
+    /// The column's name, the key it has in a line's `data` and `old`.
     pub name: String,
     /// The type's name as Postgres formats it (`numeric(10,2)`), or
     /// `oid:<n>` when the catalog did not say.
     #[serde(rename = "type")]
     pub type_name: String,
+    /// The type's OID in `pg_type`, what the relation message sends.
     pub type_oid: u32,
+    /// The type modifier (`atttypmod`): length, precision and scale, or -1
+    /// when the type has none.
     pub type_modifier: i32,
     /// Part of the replica identity (the primary key by default).
     pub key: bool,

@@ -23,7 +23,9 @@ pub enum Error {
     /// A SQL command on the ordinary Postgres connection failed.
     #[error("{context}: {source}")]
     Postgres {
+        /// What waltail was doing, e.g. `reading the publication's tables`.
         context: String,
+        /// tokio-postgres's error, with the server's SQLSTATE when it sent one.
         #[source]
         source: tokio_postgres::Error,
     },
@@ -31,7 +33,9 @@ pub enum Error {
     /// The replication connection failed.
     #[error("{context}: {source}")]
     Replication {
+        /// What waltail was doing, e.g. `starting replication`.
         context: String,
+        /// Why the connection failed; boxed to keep `Error` small.
         #[source]
         source: Box<ReplicationError>,
     },
@@ -44,15 +48,21 @@ pub enum Error {
     /// S3 error code and message), not with the raw XML body.
     #[error("{op} {key}: {}", summarize_store_error(cause))]
     Store {
+        /// The request that failed, e.g. `PUT` or `LIST`.
         op: &'static str,
+        /// The object key (or prefix) the request was for.
         key: String,
+        /// object_store's error; not a `#[source]`, as the message already
+        /// gives its summary. Boxed to keep `Error` small.
         cause: Box<object_store::Error>,
     },
 
     /// The local state store failed.
     #[error("local state ({path}): {source}")]
     State {
+        /// The state database's file.
         path: String,
+        /// SQLite's error.
         #[source]
         source: rusqlite::Error,
     },
@@ -60,7 +70,9 @@ pub enum Error {
     /// A local file operation failed.
     #[error("{context}: {source}")]
     Io {
+        /// What waltail was doing, with the file's path.
         context: String,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
@@ -69,8 +81,12 @@ pub enum Error {
     /// `kind` says to code what failed.
     #[error("{message}")]
     Fatal {
+        /// What failed; [`Error::fatal`] says [`ErrorKind::Other`] until
+        /// [`Error::with_kind`] says better.
         kind: ErrorKind,
+        /// What is wrong, for the operator.
         message: String,
+        /// What the operator should do about it.
         hint: String,
     },
 }
@@ -131,10 +147,14 @@ pub enum Disposition {
 }
 
 impl Error {
+    /// An invalid configuration; the message names the key and the constraint.
     pub fn config(message: impl Into<String>) -> Self {
         Error::Config(message.into())
     }
 
+    /// A failure only an operator can fix: `message` says what is wrong,
+    /// `hint` what to do. Its kind is [`ErrorKind::Other`]; see
+    /// [`Error::with_kind`].
     pub fn fatal(message: impl Into<String>, hint: impl Into<String>) -> Self {
         Error::Fatal {
             kind: ErrorKind::Other,
@@ -184,6 +204,7 @@ impl Error {
         }
     }
 
+    /// A failed SQL command; `context` says what it was for.
     pub fn postgres(context: impl Into<String>, source: tokio_postgres::Error) -> Self {
         Error::Postgres {
             context: context.into(),
@@ -191,6 +212,7 @@ impl Error {
         }
     }
 
+    /// A failed replication connection; `context` says what it was doing.
     pub fn replication(context: impl Into<String>, source: ReplicationError) -> Self {
         Error::Replication {
             context: context.into(),
@@ -198,6 +220,7 @@ impl Error {
         }
     }
 
+    /// A failed store request: `op` (`PUT`, `GET`, ...) on `key`.
     pub fn store(op: &'static str, key: impl Into<String>, source: object_store::Error) -> Self {
         Error::Store {
             op,
@@ -206,6 +229,7 @@ impl Error {
         }
     }
 
+    /// A failed local file operation; `context` names what and which file.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
             context: context.into(),
@@ -387,6 +411,8 @@ impl std::fmt::Display for CredentialsFailure {
 impl std::error::Error for CredentialsFailure {}
 
 impl CredentialsFailure {
+    /// The provider chain's `text`, the role it tried to assume if any, and
+    /// whether the provider `refused` (rather than found nothing).
     pub fn new(text: String, role: Option<String>, refused: bool) -> CredentialsFailure {
         CredentialsFailure {
             text,

@@ -1,14 +1,15 @@
 //! The source: everything that talks to Postgres. Pre-flight checks
 //! ([`check`]), creating the publication and slot ([`setup`]), the
 //! replication connection ([`replication`]), the pgoutput decoder
-//! ([`pgoutput`]), value rendering ([`types`]) and the event stream
-//! ([`stream`]). Ordinary SQL goes through tokio-postgres.
+//! ([`pgoutput`]), value rendering ([`types`]), row rendering ([`row`]) and
+//! the event stream ([`stream`]). Ordinary SQL goes through tokio-postgres.
 
 pub(crate) mod backfill;
 pub(crate) mod catalog;
 pub(crate) mod check;
 pub mod pgoutput;
 pub mod replication;
+pub(crate) mod row;
 pub(crate) mod setup;
 pub(crate) mod spill;
 pub mod stream;
@@ -38,7 +39,10 @@ use crate::{Error, Result};
 /// settings it cannot hold. Derefs to the tokio-postgres configuration.
 #[derive(Debug, Clone)]
 pub struct PgConfig {
+    /// Host, port, user, password, database and the other libpq settings.
     pub pg: tokio_postgres::Config,
+    /// `sslmode`, the CA and the client certificate, which tokio-postgres's
+    /// configuration has no room for.
     pub tls: pgtls::TlsSettings,
 }
 

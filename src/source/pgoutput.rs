@@ -24,66 +24,113 @@ use crate::lsn::Lsn;
 /// One decoded pgoutput message.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LogicalMessage {
+    /// `B`: a transaction starts; its changes follow, up to its Commit.
     Begin {
+        /// The LSN of the transaction's commit record (known: pgoutput sends
+        /// a transaction only once it has committed).
         final_lsn: Lsn,
         /// Microseconds since 2000-01-01 00:00:00 UTC.
         commit_ts: i64,
+        /// The transaction's id.
         xid: u32,
     },
+    /// `C`: the transaction that Begin opened is complete.
     Commit {
+        /// Unused by the server; always 0.
         flags: u8,
+        /// The LSN of the commit record.
         commit_lsn: Lsn,
+        /// The LSN just past the transaction: what a status update confirms.
         end_lsn: Lsn,
         /// Microseconds since 2000-01-01 00:00:00 UTC.
         commit_ts: i64,
     },
+    /// `O`: the transaction came from another server through replication
+    /// origins; sent after Begin.
     Origin {
+        /// The LSN of the commit on the origin server.
         commit_lsn: Lsn,
+        /// The origin's name.
         name: String,
     },
+    /// `R`: a table's shape, sent before its first change in a session and
+    /// again after it changes.
     Relation(Relation),
+    /// `Y`: a column type that is not built in (an enum, a domain, ...),
+    /// sent before the first Relation that uses it.
     Type {
+        /// The type's OID, as a Relation's columns name it.
         oid: u32,
+        /// The type's schema; the empty string stands for `pg_catalog`.
         namespace: String,
+        /// The type's name.
         name: String,
     },
+    /// `I`: a row was inserted.
     Insert {
+        /// The OID of the table, as its Relation message gave it.
         rel_id: u32,
+        /// The new row.
         new: TupleData,
     },
+    /// `U`: a row was updated.
     Update {
+        /// The OID of the table, as its Relation message gave it.
         rel_id: u32,
+        /// The old row or its key: sent only when the key changed (`K`) or
+        /// the table is REPLICA IDENTITY FULL (`O`).
         old: Option<OldTuple>,
+        /// The new row; unchanged TOASTed values are not sent.
         new: TupleData,
     },
+    /// `D`: a row was deleted.
     Delete {
+        /// The OID of the table, as its Relation message gave it.
         rel_id: u32,
+        /// The deleted row's key, or the whole row under REPLICA IDENTITY FULL.
         old: OldTuple,
     },
-    /// `options`: bit 1 = CASCADE, bit 2 = RESTART IDENTITY.
+    /// `T`: tables were truncated.
     Truncate {
+        /// Bit 1 CASCADE, bit 2 RESTART IDENTITY.
         options: u8,
+        /// The OIDs of the truncated tables (one TRUNCATE may name several).
         rel_ids: Vec<u32>,
     },
+    /// `M`: a logical message (`pg_logical_emit_message`), which waltail
+    /// uses for backfill watermarks.
     Message {
+        /// Written inside a transaction (it comes between Begin and Commit)
+        /// rather than at once.
         transactional: bool,
+        /// The LSN of the message.
         lsn: Lsn,
+        /// The prefix given to `pg_logical_emit_message`, e.g. `waltail`.
         prefix: String,
+        /// The message's content, bytes as given.
         content: Bytes,
     },
     /// Protocol 2: the blocks of an in-progress transaction follow, up to
     /// [`LogicalMessage::StreamStop`]; data messages in them carry their
     /// (sub)transaction id.
     StreamStart {
+        /// The id of the top-level transaction being streamed.
         xid: u32,
+        /// The first block streamed of this transaction.
         first_segment: bool,
     },
+    /// Protocol 2: the block that StreamStart opened ends; more blocks of
+    /// the same or another transaction may follow.
     StreamStop,
     /// Protocol 2: the streamed transaction `xid` committed.
     StreamCommit {
+        /// The id of the transaction that committed.
         xid: u32,
+        /// Unused by the server; always 0.
         flags: u8,
+        /// The LSN of the commit record.
         commit_lsn: Lsn,
+        /// The LSN just past the transaction: what a status update confirms.
         end_lsn: Lsn,
         /// Microseconds since 2000-01-01 00:00:00 UTC.
         commit_ts: i64,
@@ -91,7 +138,9 @@ pub enum LogicalMessage {
     /// Protocol 2: the streamed (sub)transaction `subxid` of `xid` aborted
     /// (`subxid == xid`: the whole transaction).
     StreamAbort {
+        /// The top-level transaction.
         xid: u32,
+        /// The (sub)transaction that aborted.
         subxid: u32,
     },
 }
@@ -100,20 +149,28 @@ pub enum LogicalMessage {
 /// whenever it changes).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Relation {
+    /// The table's OID, which the change messages name it by.
     pub rel_id: u32,
     /// As sent: the empty string stands for `pg_catalog`.
     pub namespace: String,
+    /// The table's name.
     pub name: String,
     /// `b'd'` default, `b'n'` nothing, `b'f'` full, `b'i'` index.
     pub replica_identity: u8,
+    /// The columns in the order tuples give their values.
     pub columns: Vec<Column>,
 }
 
+/// One column of a [`Relation`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Column {
+    /// Bit 1 marks a column of the replica identity key; see [`Column::is_key`].
     pub flags: u8,
+    /// The column's name.
     pub name: String,
+    /// The OID of the column's type.
     pub type_oid: u32,
+    /// The type modifier (`atttypmod`): length, precision, scale; -1 for none.
     pub type_modifier: i32,
 }
 
@@ -133,15 +190,21 @@ pub enum OldTuple {
     Full(TupleData),
 }
 
+/// A row's values (TupleData), one per column in the Relation's order.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TupleData(pub Vec<ColumnValue>);
 
+/// One column's value in a [`TupleData`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum ColumnValue {
+    /// `n`: SQL NULL (or, in a `K` old tuple, a column not in the key).
     Null,
     /// A TOASTed value that the update did not change, so it was not sent.
     UnchangedToast,
+    /// `t`: the value in the type's text format, as `SELECT` would print it.
     Text(Bytes),
+    /// `b`: the value in the type's binary format; only sent when binary
+    /// mode is asked for, which waltail does not.
     Binary(Bytes),
 }
 

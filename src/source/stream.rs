@@ -12,30 +12,34 @@ use std::sync::Arc;
 
 use tokio::sync::{Notify, mpsc};
 
-use crate::archive::envelope::{Change, Op, RowSet, TableRef, table_hash};
-use crate::archive::schema::{self, RecordColumn};
+use crate::archive::envelope::{Change, Op, RowSet, table_hash};
 use crate::lsn;
-use crate::row_identity::{KeyValue, RowHasher};
-use crate::source::catalog::{ColumnType, Render, TypeCatalog};
-use crate::source::pgoutput::{self, ColumnValue, LogicalMessage, OldTuple, Relation, TupleData};
+use crate::source::catalog::{ColumnType, TypeCatalog};
+use crate::source::pgoutput::{self, ColumnValue, LogicalMessage, OldTuple};
 use crate::source::replication::{ReplicationMessage, ReplicationStream};
+use crate::source::row::{RelationInfo, relation_info, row_hash, row_json, row_json_with};
 use crate::source::spill::{Drain, MEMORY_BUDGET, StreamBuffers};
-use crate::source::types;
 use crate::source::watermark::{MESSAGE_PREFIX, WATERMARK_TABLE};
 use crate::{Error, Result};
+
+pub use crate::source::row::TableSchema;
 
 /// What the source tells the pipeline, in stream order.
 #[derive(Debug)]
 pub enum SourceEvent {
     /// A transaction starts; its changes follow.
     Begin,
+    /// One row change of the transaction, values rendered as JSON.
     Change(Change),
     /// The transaction is complete; `end_lsn` is what may be confirmed.
     Commit {
+        /// The LSN just past the transaction's commit record: confirming it
+        /// tells the server the whole transaction is archived.
         end_lsn: u64,
     },
     /// The server has sent everything up to `wal_end`.
     Keepalive {
+        /// The server's current end of WAL, as its keepalive says.
         wal_end: u64,
     },
     /// A table's shape as of the changes that follow (sent by the server
@@ -44,32 +48,14 @@ pub enum SourceEvent {
     /// A transactional logical message with waltail's prefix (a backfill
     /// watermark), at its place among the transaction's changes.
     Watermark {
+        /// The message's content, as the backfill wrote it (see
+        /// [`crate::source::watermark`]).
         content: bytes::Bytes,
+        /// The LSN of the commit record of the transaction that wrote it.
         commit_lsn: u64,
+        /// That transaction's commit time, microseconds since 2000-01-01 UTC.
         commit_ts: i64,
     },
-}
-
-/// A table's columns, types, key and replica identity as first seen, ready
-/// to be recorded: `members` is [`schema::members`]' bytes, the same for
-/// the same shape, so the pipeline can tell versions apart by content.
-#[derive(Debug, Clone)]
-pub struct TableSchema {
-    pub table: Arc<TableRef>,
-    pub members: String,
-}
-
-struct ColumnInfo {
-    /// `"name":` ready to append.
-    key_json: Vec<u8>,
-    render: Render,
-    is_key: bool,
-}
-
-struct RelationInfo {
-    table: Arc<TableRef>,
-    columns: Vec<ColumnInfo>,
-    has_key: bool,
 }
 
 struct Txn {
@@ -417,154 +403,6 @@ impl Decoder {
     pub fn set_types(&mut self, rel_id: u32, types: Vec<Arc<ColumnType>>) {
         self.resolved.insert(rel_id, types);
     }
-}
-
-/// A table's columns as the stream renders them, for rows read by SQL
-/// (backfill): the same JSON and the same row identity as a change of the
-/// same row would have.
-pub struct TableShape(RelationInfo);
-
-impl TableShape {
-    /// `rel` as the server's Relation message would describe the table.
-    pub fn new(rel: &Relation, types: &[Arc<ColumnType>]) -> (TableShape, TableSchema) {
-        let (info, schema) = relation_info(rel, types);
-        (TableShape(info), schema)
-    }
-
-    pub fn table(&self) -> &Arc<TableRef> {
-        &self.0.table
-    }
-
-    /// The row as a JSON object, and its identity for per-row ordering (see
-    /// `Change::rows`), from text-format values in column order.
-    pub fn render<'a>(&self, values: impl Iterator<Item = Option<&'a str>>) -> (Vec<u8>, u64) {
-        let tuple = TupleData(
-            values
-                .map(|v| match v {
-                    Some(s) => ColumnValue::Text(bytes::Bytes::copy_from_slice(s.as_bytes())),
-                    None => ColumnValue::Null,
-                })
-                .collect(),
-        );
-        self.render_tuple(&tuple)
-    }
-
-    /// [`render`](Self::render) for values already in a tuple (text
-    /// format), e.g. slices of a `COPY` row that need no copy.
-    pub fn render_tuple(&self, tuple: &TupleData) -> (Vec<u8>, u64) {
-        (row_json(&self.0, tuple, false), row_hash(&self.0, tuple))
-    }
-}
-
-fn relation_info(rel: &Relation, types: &[Arc<ColumnType>]) -> (RelationInfo, TableSchema) {
-    let table = Arc::new(TableRef::new(&rel.namespace, &rel.name));
-    let mut described = Vec::with_capacity(rel.columns.len());
-    let columns: Vec<ColumnInfo> = rel
-        .columns
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let mut key_json = Vec::with_capacity(c.name.len() + 3);
-            types::write_json_str(&mut key_json, &c.name);
-            let (type_name, render) = match types.get(i) {
-                Some(t) => (t.name.clone(), t.render),
-                None => (format!("oid:{}", c.type_oid), Render::Builtin(c.type_oid)),
-            };
-            described.push(RecordColumn {
-                name: c.name.clone(),
-                type_name,
-                type_oid: c.type_oid,
-                type_modifier: c.type_modifier,
-                key: c.is_key(),
-            });
-            key_json.push(b':');
-            ColumnInfo {
-                key_json,
-                render,
-                is_key: c.is_key(),
-            }
-        })
-        .collect();
-    let identity = match rel.replica_identity {
-        b'f' => "full",
-        b'i' => "index",
-        b'n' => "nothing",
-        _ => "default",
-    };
-    let members = schema::members(&described, identity);
-    let has_key = columns.iter().any(|c| c.is_key);
-    (
-        RelationInfo {
-            table: table.clone(),
-            columns,
-            has_key,
-        },
-        TableSchema { table, members },
-    )
-}
-
-/// The row as a JSON object in column order. An unchanged TOASTed value is
-/// left out (key absent, not null): the server did not send it.
-fn row_json(rel: &RelationInfo, tuple: &TupleData, key_only: bool) -> Vec<u8> {
-    row_json_with(rel, tuple, key_only, None)
-}
-
-/// [`row_json`], taking unchanged TOASTed values from `before` (the old row
-/// sent with REPLICA IDENTITY FULL) when it has them.
-fn row_json_with(
-    rel: &RelationInfo,
-    tuple: &TupleData,
-    key_only: bool,
-    before: Option<&TupleData>,
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + tuple.0.len() * 16);
-    out.push(b'{');
-    let mut first = true;
-    for (i, (col, value)) in rel.columns.iter().zip(&tuple.0).enumerate() {
-        if key_only && rel.has_key && !col.is_key {
-            continue;
-        }
-        let value = match (value, before.and_then(|b| b.0.get(i))) {
-            (ColumnValue::UnchangedToast, Some(old)) => old,
-            _ => value,
-        };
-        if matches!(value, ColumnValue::UnchangedToast) {
-            continue;
-        }
-        if !first {
-            out.push(b',');
-        }
-        first = false;
-        out.extend_from_slice(&col.key_json);
-        match value {
-            ColumnValue::Text(text) => col.render.write(&mut out, text),
-            ColumnValue::Binary(bytes) => {
-                // Never requested (we ask for text); kept faithful if it comes.
-                use base64::Engine;
-                let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
-                types::write_json_str(&mut out, &b64)
-            }
-            ColumnValue::Null | ColumnValue::UnchangedToast => out.extend_from_slice(b"null"),
-        }
-    }
-    out.push(b'}');
-    out
-}
-
-/// Identifies the row (table + replica identity key) for per-row ordering.
-/// Without key columns the whole table counts as one row.
-fn row_hash(rel: &RelationInfo, tuple: &TupleData) -> u64 {
-    let mut h = RowHasher::new(&rel.table.name);
-    for (col, value) in rel.columns.iter().zip(&tuple.0) {
-        if col.is_key {
-            h.key_value(match value {
-                ColumnValue::Text(b) | ColumnValue::Binary(b) => KeyValue::Bytes(b),
-                ColumnValue::Null => KeyValue::Null,
-                ColumnValue::UnchangedToast => KeyValue::Unchanged,
-            });
-        }
-    }
-    h.finish()
 }
 
 /// Changes of a committed streamed transaction read out per step, so a
