@@ -1,5 +1,8 @@
 //! Decoder for the messages of the `pgoutput` logical replication plugin,
-//! protocol version 1 (PostgreSQL "Logical Replication Message Formats").
+//! protocol versions 1 and 2 (PostgreSQL "Logical Replication Message
+//! Formats"; version 2, asked for from PostgreSQL 14 on, adds the messages
+//! of large transactions streamed while in progress, whose other messages
+//! then carry the transaction id).
 //!
 //! [`decode`] takes the payload of one `XLogData` message and returns one
 //! [`LogicalMessage`]. Guarantees:
@@ -7,8 +10,8 @@
 //! * It never panics, whatever the input bytes.
 //! * A message is either decoded completely or rejected: a truncated message,
 //!   an unknown tag, a negative length, invalid UTF-8 in a name, or bytes left
-//!   over after the last field all return a [`DecodeError`]. Protocol v1
-//!   defines no optional trailing fields, so leftover bytes mean the framing
+//!   over after the last field all return a [`DecodeError`]. Protocols 1 and
+//!   2 define no optional trailing fields, so leftover bytes mean the framing
 //!   is wrong and the row would be wrong too.
 //! * Column values are zero-copy slices of the input [`Bytes`]; only names
 //!   (relation, column, type, origin, message prefix) are copied into
