@@ -9,14 +9,13 @@
 //! the last of them. Changes of an intent already written are skipped.
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::archive::codec::Codec;
-use std::sync::Arc;
-
 use crate::archive::envelope::{self, Change, TableRef};
 
 /// The default of `delivery.max_batch_bytes`: a batch is also cut once its

@@ -45,8 +45,9 @@ pub fn parse(s: &str) -> Option<Lsn> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use proptest::prelude::*;
+
+    use super::*;
 
     #[test]
     fn text_form_is_postgres_upper_case_hex() {

@@ -137,8 +137,9 @@ impl Holds {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::hash::Hash;
+
+    use super::*;
 
     /// The function as it was written before this module, with std's
     /// hasher and `Hash` impls: on the Rust that made the state format the

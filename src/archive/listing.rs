@@ -336,9 +336,11 @@ const GET_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use object_store::PutPayload;
     use std::sync::Arc;
+
+    use object_store::PutPayload;
+
+    use super::*;
 
     /// Lists only from the day before the resume date, in memory and in a
     /// local folder, and everything when the object holding the resume

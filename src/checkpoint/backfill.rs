@@ -533,8 +533,9 @@ impl Checkpoint {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use rusqlite::Connection;
+
+    use super::*;
 
     #[test]
     fn backfill_chunks_complete_once_and_are_forgotten_when_confirmed() {

@@ -29,13 +29,12 @@
 mod backfill;
 pub(crate) mod parked;
 
-pub(crate) use self::backfill::{Backfill, Chunk, KeyRange, Progress};
-pub(crate) use self::parked::{ParkStatus, Parked};
-
 use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+pub(crate) use self::backfill::{Backfill, Chunk, KeyRange, Progress};
+pub(crate) use self::parked::{ParkStatus, Parked};
 use crate::archive::codec::Codec;
 use crate::batch::Intent;
 use crate::error::ErrorKind;

@@ -30,7 +30,6 @@ use self::secrets::check_file_mode;
 pub use self::secrets::redact_url;
 pub use self::table_name::TableName;
 use self::validate::validate;
-
 use crate::archive::codec::Codec;
 use crate::pgtls::TlsSettings;
 use crate::{Error, Result};
@@ -1002,8 +1001,9 @@ mod tests {
 
     /// Arbitrary files and environment values give Ok or Err, never a panic.
     mod fuzz {
-        use super::*;
         use proptest::prelude::*;
+
+        use super::*;
 
         fn env_name_strategy() -> impl Strategy<Value = String> {
             let mut names: Vec<String> = KEYS.iter().map(|(s, k, _)| env_name(s, k)).collect();

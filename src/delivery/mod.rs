@@ -13,6 +13,7 @@ pub(crate) mod retry;
 use std::time::Duration;
 
 use bytes::Bytes;
+pub(crate) use retry::RetryPolicy;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -20,10 +21,8 @@ use crate::batch::Batch;
 use crate::error::{Disposition, Report};
 use crate::row_identity::Holds;
 use crate::sink::{NDJSON_CONTENT_TYPE, Sink};
-use crate::{Error, Result};
-pub(crate) use retry::RetryPolicy;
-
 use crate::telemetry::METRICS;
+use crate::{Error, Result};
 
 /// How a batch's delivery ended.
 #[derive(Debug)]

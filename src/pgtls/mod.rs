@@ -275,12 +275,11 @@ mod error;
 mod url;
 mod verify;
 
-use self::verify::Lax;
-
 pub(crate) use self::connect::MakeRustlsConnect;
 pub(crate) use self::error::NEEDS_TLS_HINT;
 pub(crate) use self::error::TlsError;
 pub(crate) use self::url::extract;
+use self::verify::Lax;
 
 #[cfg(test)]
 mod tests {

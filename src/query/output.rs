@@ -147,12 +147,13 @@ fn broken_pipe(e: &ArrowError) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::sync::Arc;
 
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
     use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+
+    use super::*;
 
     fn stream() -> SendableRecordBatchStream {
         let schema = Arc::new(Schema::new(vec![

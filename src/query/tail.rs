@@ -517,8 +517,9 @@ pub(crate) fn typed_changes(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use datafusion::prelude::{cast, col, lit};
+
+    use super::*;
 
     fn obj(date: &str, first: u64, last: u64) -> Object {
         Object {

@@ -523,8 +523,9 @@ impl Reader {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use proptest::prelude::*;
+
+    use super::*;
 
     /// Encodes messages the way pgoutput does, so the tests check the
     /// decoder against the documented layout rather than against itself.

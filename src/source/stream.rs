@@ -17,12 +17,11 @@ use crate::lsn;
 use crate::source::catalog::{ColumnType, TypeCatalog};
 use crate::source::pgoutput::{self, ColumnValue, LogicalMessage, OldTuple};
 use crate::source::replication::{ReplicationMessage, ReplicationStream};
+pub use crate::source::row::TableSchema;
 use crate::source::row::{RelationInfo, relation_info, row_hash, row_json, row_json_with};
 use crate::source::spill::{Drain, MEMORY_BUDGET, StreamBuffers};
 use crate::source::watermark::{MESSAGE_PREFIX, WATERMARK_TABLE};
 use crate::{Error, Result};
-
-pub use crate::source::row::TableSchema;
 
 /// What the source tells the pipeline, in stream order.
 #[derive(Debug)]

@@ -51,14 +51,13 @@ pub(crate) mod table;
 pub(crate) mod watermarks;
 pub(crate) mod window;
 
+use std::sync::Arc;
+
 pub(crate) use copy::read_chunk;
 pub(crate) use snapshot::{in_progress, sessions_of, still_in_progress};
 pub(crate) use table::{Estimate, TablePlan, estimate, plan, split};
-pub(crate) use watermarks::{CANCEL_CHUNK, Mark, Passed, Watermark, emit, ensure_watermark_table};
-
-use std::sync::Arc;
-
 use tokio_postgres::Client;
+pub(crate) use watermarks::{CANCEL_CHUNK, Mark, Passed, Watermark, emit, ensure_watermark_table};
 
 use crate::config::{SourceConfig, TableName};
 use crate::error::ErrorKind;

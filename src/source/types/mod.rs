@@ -48,14 +48,13 @@ mod oid;
 mod string;
 mod timestamp;
 
-pub use hstore::write_hstore;
-pub use oid::*;
-pub use string::write_json_str;
-
 use array::write_array;
 use bytea::write_bytea;
+pub use hstore::write_hstore;
 use json::write_raw_json;
 use number::parse_number;
+pub use oid::*;
+pub use string::write_json_str;
 use string::write_text_str;
 use timestamp::write_timestamp;
 
