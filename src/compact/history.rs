@@ -737,19 +737,21 @@ fn stored_as_integers(data_type: &DataType) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    use arrow::array::AsArray;
+    use arrow::datatypes::Int64Type;
+    use futures::StreamExt;
+    use object_store::memory::InMemory;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
     use super::*;
     use crate::lakehouse::change::ChangeOp;
     use crate::lakehouse::change::TypedChange;
     use crate::lakehouse::columns::change_batch;
     use crate::lakehouse::layout::history_columns;
     use crate::lakehouse::typing::Cell;
-    use arrow::array::AsArray;
-    use arrow::datatypes::Int64Type;
-    use futures::StreamExt;
-    use object_store::memory::InMemory;
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    use std::collections::HashSet;
-    use std::sync::Mutex;
 
     /// The bytes of the file `key` in `output`'s store.
     async fn stored(output: &Output, key: &str) -> Bytes {
@@ -797,8 +799,9 @@ mod tests {
     /// The configured level reaches the codec; without one, zstd's is 3.
     #[test]
     fn the_compression_level_is_the_configured_one() {
-        use crate::config::CompactConfig;
         use parquet::basic::Compression as Codec;
+
+        use crate::config::CompactConfig;
         let codec =
             |config: CompactConfig| writer_properties(&config).compression(&ColumnPath::from("id"));
         let zstd = |l| Codec::ZSTD(ZstdLevel::try_new(l).unwrap());

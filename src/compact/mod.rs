@@ -936,11 +936,12 @@ pub fn render(s: &Summary, dry_run: bool) -> String {
 
 #[cfg(test)]
 mod tests {
+    use object_store::ObjectStoreExt;
+    use object_store::path::Path as ObjectPath;
+
     use super::*;
     use crate::archive::schema::{RecordColumn, SchemaRecord};
     use crate::lakehouse::typing::{Column, Kind};
-    use object_store::ObjectStoreExt;
-    use object_store::path::Path as ObjectPath;
 
     /// Small objects are fetched and parsed together, in plan order, up to
     /// a mebibyte a group; an object larger than that is a group alone.

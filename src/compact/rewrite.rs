@@ -239,10 +239,11 @@ fn cast(batch: &RecordBatch, schema: &SchemaRef) -> arrow::error::Result<RecordB
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::lakehouse::typing::Kind;
     use arrow::array::{Array, Int32Array, Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::lakehouse::typing::Kind;
 
     #[test]
     fn a_widened_column_is_named_and_an_added_one_is_not() {

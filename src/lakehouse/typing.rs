@@ -678,9 +678,10 @@ pub fn read_cells(kind: Kind, array: &ArrayRef) -> Result<Vec<Cell>, String> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::archive::schema::RecordColumn;
-    use serde_json::json;
 
     #[test]
     fn numeric_typmod_gives_decimal_when_it_fits() {
