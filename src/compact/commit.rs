@@ -21,13 +21,16 @@ use deltalake_core::operations::create::CreateBuilder;
 use deltalake_core::operations::vacuum::VacuumMode;
 use deltalake_core::protocol::{DeltaOperation, OutputMode, SaveMode};
 use deltalake_core::{DeltaTable, DeltaTableError};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStore;
 use url::Url;
 
+use super::plan::{Plan, Tables};
+use super::write::Written;
 use crate::error::ErrorKind;
+use crate::lakehouse::compacted;
 use crate::lakehouse::delta::{
-    BUCKETS_KEY, CHECKPOINT_INTERVAL, DataFile, Location, Published, Role, delta_error,
+    self, BUCKETS_KEY, CHECKPOINT_INTERVAL, DataFile, Location, Published, Role, delta_error,
     has_timestamp_ntz, log_turn, schema,
 };
 use crate::lakehouse::typing::TableShape;
@@ -229,6 +232,97 @@ fn timestamp_ntz_protocol(url: &Url) -> Result<deltalake_core::kernel::Protocol>
     .map_err(|e| Error::bug(format!("the timestampNtz protocol of {url}: {e}")))
 }
 
+/// The commit stage of a run: per table the history, then the latest view
+/// (so a latest view never holds a change its history lacks; a run stopped
+/// in between is redone from the latest view's seq, and the history's files
+/// from there are replaced). Returns the commits written.
+pub(crate) async fn commit_run(
+    loc: &Location,
+    pipeline: &str,
+    run_id: &str,
+    plan: &Plan,
+    tables: &Tables,
+    mut written: Written,
+) -> Result<usize> {
+    let last_date = plan.files.last().map(|f| f.date.clone());
+    let mut commits = 0;
+    for table in &plan.tables {
+        let shape = &tables.shapes[table];
+        let c = &tables.compacted[table];
+        let app = delta::app_id(pipeline, table);
+        let dir = compacted::table_folder(shape);
+        let start = tables.start(table);
+        let info = || {
+            vec![
+                ("waltail.pipeline".to_string(), pipeline.into()),
+                (
+                    "waltail.fromSeq".to_string(),
+                    start.max(plan.from_seq).into(),
+                ),
+                ("waltail.run".to_string(), run_id.into()),
+            ]
+        };
+        if c.history_behind(plan.to_seq) {
+            // Files of a run stopped before its latest commit: replaced.
+            let mut removes = c.stopped_run_files(start);
+            let mut adds = written.history.remove(table).unwrap_or_default();
+            // Files in a column's narrower type: replaced by copies in the
+            // wider one.
+            if let Some((copies, originals)) = written.rewritten.remove(table) {
+                removes.extend(originals);
+                adds.extend(copies);
+            }
+            let txns = compacted::date_txns(&app, last_date.as_deref());
+            let history = Commit {
+                shape,
+                role: Role::History,
+                app_id: &app,
+                seq: plan.to_seq,
+                adds,
+                removes,
+                buckets: 1,
+                info: info(),
+                txns,
+            };
+            commit(loc, &dir, c.history.as_ref(), history).await?;
+            commits += 1;
+        }
+        if shape.key.is_empty() {
+            continue;
+        }
+        let (adds, removes, buckets) = match written.latest.remove(table) {
+            Some((adds, buckets)) => {
+                let removes = c
+                    .latest
+                    .as_ref()
+                    .map(|l| l.files.iter().map(|f| f.path.clone()).collect())
+                    .unwrap_or_default();
+                (adds, removes, buckets)
+            }
+            // No change: the commit only moves the txn on.
+            None => (
+                Vec::new(),
+                Vec::new(),
+                c.latest.as_ref().map_or(1, |l| l.buckets),
+            ),
+        };
+        let latest = Commit {
+            shape,
+            role: Role::Latest,
+            app_id: &app,
+            seq: plan.to_seq,
+            adds,
+            removes,
+            buckets,
+            info: info(),
+            txns: Vec::new(),
+        };
+        commit(loc, &dir, c.latest.as_ref(), latest).await?;
+        commits += 1;
+    }
+    Ok(commits)
+}
+
 /// What a vacuum deletes.
 #[derive(Debug, Clone, Copy)]
 pub struct Vacuum {
@@ -323,6 +417,23 @@ pub async fn vacuum(loc: &Location, role: Role, dir: &str, what: Vacuum) -> Resu
         table = vacuumed;
     }
     Ok(deleted)
+}
+
+/// Vacuums the history and latest view of each of `tables` (see
+/// [`vacuum`]), a few at a time; returns the files deleted.
+pub async fn vacuum_tables(loc: &Location, tables: &[TableShape], what: Vacuum) -> Result<usize> {
+    let vacuums = tables.iter().flat_map(|shape| {
+        let dir = compacted::table_folder(shape);
+        [Role::History, Role::Latest].map(move |role| {
+            let dir = dir.clone();
+            async move { vacuum(loc, role, &dir, what).await }
+        })
+    });
+    let deleted: Vec<usize> = futures::stream::iter(vacuums)
+        .buffer_unordered(delta::LOG_CALLS)
+        .try_collect()
+        .await?;
+    Ok(deleted.into_iter().sum())
 }
 
 #[cfg(test)]

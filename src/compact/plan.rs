@@ -13,7 +13,15 @@
 //!   version of its last commit, see [`crate::lakehouse::compacted`]): a run that
 //!   stopped before its commit left nothing a reader or the next run sees.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
 use crate::archive::listing::ArchiveObject;
+use crate::archive::schema::SchemaRecord;
+use crate::lakehouse::compacted::{self, Compacted};
+use crate::lakehouse::line;
+use crate::lakehouse::typing::TableShape;
+use crate::{Error, Result};
 
 /// What a run compacts, fixed before anything is written.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +35,28 @@ pub(crate) struct Plan {
     /// Objects left out because every change in them is in another object
     /// of the plan (the same batch written under two names).
     pub repeated: Vec<String>,
+}
+
+/// The tables of a run, fixed with its plan: where each stands and its
+/// shape, checked against what earlier runs wrote (see [`shapes`]).
+pub(crate) struct Tables {
+    /// Each table's two Delta logs.
+    pub compacted: BTreeMap<String, Compacted>,
+    /// What the logs say of each table: where it continues, its columns.
+    pub entries: BTreeMap<String, compacted::TableEntry>,
+    /// The shapes the run writes, by table index (see [`line::Shapes`]).
+    pub shapes: Arc<line::Shapes>,
+    /// Each table's columns whose type widened since its history was
+    /// written: its earlier files are rewritten (see
+    /// [`super::rewrite`]).
+    pub widened: BTreeMap<String, Vec<String>>,
+}
+
+impl Tables {
+    /// The seq table `table` continues from.
+    pub(crate) fn start(&self, table: &str) -> u64 {
+        self.entries.get(table).map_or(0, |e| e.next_seq)
+    }
 }
 
 /// One history file per table: the changes of `objects` in `first..=last`.
@@ -110,9 +140,83 @@ pub(crate) struct Planned {
     pub repeated: Vec<String>,
 }
 
+/// The tables a run compacts: the named ones (each must have a schema
+/// record), or every table with one.
+pub(crate) fn select_tables(
+    schemas: &BTreeMap<String, Vec<SchemaRecord>>,
+    named: &[String],
+) -> Result<BTreeSet<String>> {
+    if named.is_empty() {
+        return Ok(schemas.keys().cloned().collect());
+    }
+    named
+        .iter()
+        .map(|t| {
+            let t = if t.contains('.') {
+                t.clone()
+            } else {
+                format!("public.{t}")
+            };
+            if schemas.contains_key(&t) {
+                Ok(t)
+            } else {
+                Err(Error::config(format!(
+                    "{t} has no schema record in the archive (_schemas/): name a table this pipeline archives, as schema.table{}",
+                    if schemas.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " ({})",
+                            schemas.keys().cloned().collect::<Vec<_>>().join(", ")
+                        )
+                    }
+                )))
+            }
+        })
+        .collect()
+}
+
+/// The shapes of the run's tables, checked against what earlier runs wrote:
+/// a column's type may only widen.
+pub(crate) fn shapes(
+    schemas: &BTreeMap<String, Vec<SchemaRecord>>,
+    tables: &[String],
+    compacted: &BTreeMap<String, compacted::TableEntry>,
+) -> Result<line::Shapes> {
+    let mut out = Vec::new();
+    for table in tables {
+        let records = schemas.get(table).map(Vec::as_slice).unwrap_or_default();
+        let shape = TableShape::from_records(table, records);
+        if let Some(entry) = compacted.get(table) {
+            for before in &entry.columns {
+                let now = shape.columns.iter().find(|c| c.name == before.name);
+                let ok = now.is_some_and(|c| before.kind.widen(c.kind) == Some(c.kind));
+                if !ok {
+                    let now = now.map_or("no column".to_string(), |c| c.kind.describe());
+                    return Err(Error::fatal(
+                        format!(
+                            "{table}.{}: the compacted files hold {}, the archive's schema records now give {now}, and the one cannot be read as the other",
+                            before.name,
+                            before.kind.describe()
+                        ),
+                        format!(
+                            "compact the table again with the new type: delete parquet/{0}/ and latest/{0}/ (with the '.' as '/'; their Delta logs go with them) and run `waltail compact {table}`",
+                            table.replacen('.', "/", 1)
+                        ),
+                    ));
+                }
+            }
+        }
+        out.push(Arc::new(shape));
+    }
+    Ok(line::Shapes::new(out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::archive::schema::RecordColumn;
+    use crate::lakehouse::typing::{Column, Kind};
 
     fn obj(date: &str, first: u64, last: u64, size: u64) -> ArchiveObject {
         ArchiveObject {
@@ -158,5 +262,74 @@ mod tests {
         assert_eq!((f.first_seq, f.last_seq), (3, 20));
         let from: Vec<u64> = f.objects.iter().map(|o| o.from_seq).collect();
         assert_eq!(from, [3, 11, 15]);
+    }
+
+    fn record(version: u32, columns: &[(&str, u32, bool)]) -> SchemaRecord {
+        SchemaRecord {
+            table: "public.t".into(),
+            version,
+            columns: columns
+                .iter()
+                .map(|(name, oid, key)| RecordColumn {
+                    name: name.to_string(),
+                    type_name: String::new(),
+                    type_oid: *oid,
+                    type_modifier: -1,
+                    key: *key,
+                })
+                .collect(),
+            replica_identity: "default".into(),
+        }
+    }
+
+    fn compacted(kind: Kind) -> BTreeMap<String, compacted::TableEntry> {
+        let mut m = BTreeMap::new();
+        m.insert(
+            "public.t".into(),
+            compacted::TableEntry {
+                columns: vec![Column {
+                    name: "v".into(),
+                    kind,
+                }],
+                ..Default::default()
+            },
+        );
+        m
+    }
+
+    #[test]
+    fn a_later_shape_adds_columns_and_widens_types() {
+        let schemas = BTreeMap::from([(
+            "public.t".to_string(),
+            vec![
+                record(2, &[("id", 20, true), ("v", 20, false), ("w", 25, false)]),
+                record(1, &[("id", 20, true), ("v", 23, false)]),
+            ],
+        )]);
+        let shapes = shapes(&schemas, &["public.t".into()], &compacted(Kind::Int32)).unwrap();
+        let shape = &shapes["public.t"];
+        let names: Vec<(&str, Kind)> = shape
+            .columns
+            .iter()
+            .map(|c| (c.name.as_str(), c.kind))
+            .collect();
+        assert_eq!(
+            names,
+            [("id", Kind::Int64), ("v", Kind::Int64), ("w", Kind::Text)]
+        );
+        assert_eq!(shape.key, [0]);
+    }
+
+    #[test]
+    fn a_type_change_compacted_files_cannot_hold_is_an_error_with_the_fix() {
+        let schemas = BTreeMap::from([(
+            "public.t".to_string(),
+            vec![record(1, &[("id", 20, true), ("v", 25, false)])],
+        )]);
+        let err = shapes(&schemas, &["public.t".into()], &compacted(Kind::Int64)).unwrap_err();
+        assert!(err.to_string().contains("public.t.v"), "{err}");
+        let hint = err.hint().unwrap();
+        assert!(hint.contains("latest/public/t/"), "{hint}");
+        assert!(hint.contains("waltail compact public.t"), "{hint}");
     }
 }

@@ -36,7 +36,7 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::WriterProperties;
 
-use super::history::{Output, ParquetFile};
+use super::parquet_file::{Output, ParquetFile};
 use crate::lakehouse::compacted::UNREADABLE_FIX;
 use crate::lakehouse::delta::DataFile;
 use crate::lakehouse::layout;

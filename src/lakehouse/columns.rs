@@ -26,7 +26,8 @@ use arrow::array::{
 use arrow::compute::concat;
 
 use super::change::{ChangeOp, TypedChange, op_code};
-use super::typing::{Cell, ColumnBuilder, TableShape};
+use super::typing::array::ColumnBuilder;
+use super::typing::{Cell, TableShape};
 
 /// A change as its parts, borrowed from a [`TypedChange`].
 #[derive(Debug, Clone, Copy)]

@@ -122,7 +122,7 @@ impl Compacted {
     /// Every change of the table with a lower seq is in its latest view
     /// (its history when it has no key), so a run starts there: the latest
     /// view is committed after the history, and a run stopped between the
-    /// two is redone from the latest view's seq (see `compact::run`).
+    /// two is redone from the latest view's seq (see `compact::commit::commit_run`).
     pub(crate) fn next_seq(&self, keyed: bool) -> Option<u64> {
         let done = if keyed {
             self.latest.as_ref()?.seq?
@@ -130,6 +130,29 @@ impl Compacted {
             self.history.as_ref()?.seq?
         };
         Some(done + 1)
+    }
+
+    /// Whether the run commits the history: its log is missing or behind
+    /// `to_seq` (a run stopped between its two commits committed the
+    /// history already; the next commits only the latest view).
+    pub(crate) fn history_behind(&self, to_seq: u64) -> bool {
+        let done = self.history.as_ref().and_then(|h| h.seq).unwrap_or(0);
+        self.history.is_none() || done < to_seq
+    }
+
+    /// The history files of a run that stopped before its latest commit:
+    /// files from seq `start` on, whose changes this run compacts again.
+    /// Its history commit replaces them.
+    pub(crate) fn stopped_run_files(&self, start: u64) -> Vec<String> {
+        match &self.history {
+            Some(h) if h.seq.is_some_and(|s| s >= start) => h
+                .files
+                .iter()
+                .filter(|f| history_first_seq(&f.path).is_some_and(|s| s >= start))
+                .map(|f| f.path.clone())
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// The table as a run or query needs it, keys under `prefix`.
@@ -149,7 +172,7 @@ impl Compacted {
             .map(|h| {
                 // Files a run stopped between its two commits left in the
                 // history are read from the NDJSON again until the next run
-                // replaces them (see `compact::run`).
+                // replaces them (see `compact::commit::commit_run`).
                 h.files
                     .iter()
                     .filter(|f| history_first_seq(&f.path).is_none_or(|first| first < next_seq))

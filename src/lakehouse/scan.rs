@@ -26,7 +26,8 @@ use compact_str::CompactString;
 use serde_json::{Map, Value};
 
 use super::line::{FastLine, Row, Shapes, key_with};
-use super::typing::{Cell, Kind, TableShape, int_cell, parse_cell, parse_decimal, parse_str_cell};
+use super::typing::parse::{int_cell, parse_cell, parse_decimal, parse_str_cell};
+use super::typing::{Cell, Kind, TableShape};
 
 /// Reads `line` if it has `waltail run`'s layout and every value fits its
 /// column; `None` otherwise (the general parser then reads it).

@@ -23,7 +23,8 @@ use arrow::array::{ArrayRef, RecordBatch, StringArray};
 use arrow::datatypes::{Field, Schema, SchemaRef};
 
 use crate::lakehouse::change::{ChangeOp, TypedChange};
-use crate::lakehouse::typing::{Cell, TableShape, build_array};
+use crate::lakehouse::typing::array::build_array;
+use crate::lakehouse::typing::{Cell, TableShape};
 
 /// A row as the changes left it.
 #[derive(Debug, Clone, PartialEq)]

@@ -52,7 +52,8 @@ use crate::lakehouse::layout::latest_schema;
 use crate::lakehouse::line::key_json;
 use crate::lakehouse::read;
 use crate::lakehouse::session::table_url;
-use crate::lakehouse::typing::{Cell, TableShape, read_cells};
+use crate::lakehouse::typing::array::read_cells;
+use crate::lakehouse::typing::{Cell, TableShape};
 use crate::{Error, Result};
 
 /// Rows per batch of the tables built in memory.

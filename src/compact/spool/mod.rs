@@ -11,7 +11,7 @@
 //! after the spool is written, when the number of changes is known.
 //!
 //! Before a change is buffered it is combined with the key's earlier
-//! changes of the round (see [`combine`]): the key's net change, which is
+//! changes of the round (see [`combine::combine`]): the key's net change, which is
 //! what replaying them gives the merge. Keys that change often (a status
 //! updated ten times) cost one spooled row, not ten; when a round holds
 //! every key of the run, the spool and the merge handle one row per key
@@ -38,7 +38,7 @@
 //! writer ([`Spool::push_rows`]): [`change_rows`] takes them from the
 //! Arrow batch the parse built (`columns::ChangeBatch`: the history's
 //! columns, the op, the old key and the left-out columns) for a buffer of
-//! 8,192 changes or more, and orders them by partition ([`partition_rows`])
+//! 8,192 changes or more, and orders them by partition ([`round::partition_rows`])
 //! on the writer's encoding task; a round's file takes a slice of each buffer's
 //! rows per partition. So a change is not held until its round is
 //! written: holding it a round long and converting it again from
@@ -63,30 +63,24 @@
 //! spool is dropped (also on an error); a run killed -9 leaves it behind
 //! (`waltail-spool-*`), and the next run starts over from the archive.
 
-use std::borrow::Borrow;
+mod combine;
+mod round;
+
 use std::collections::{BTreeMap, HashSet};
-use std::fs::File;
-use std::hash::{Hash, Hasher};
-use std::io::{BufReader, BufWriter};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{
-    Array, ArrayRef, AsArray, BinaryArray, Int64Array, RecordBatch, StringArray, UInt8Array,
+use arrow::datatypes::SchemaRef;
+
+use self::combine::{EARLY_CHANGES, Pending, combine, combining_may_pay};
+pub use self::round::{
+    ChangeRows, PARTITIONS, Role, Spooled, Step, bucket_of, change_rows, key_hash, spool_schema,
 };
-use arrow::compute::{concat_batches, interleave_record_batch};
-use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
-use arrow::ipc::reader::FileReader;
-use arrow::ipc::writer::FileWriter;
-
-use crate::lakehouse::change::{ChangeOp, TypedChange, op_code};
-use crate::lakehouse::columns::{self, Change, ChangeBatch, Counts, absent_bits};
-use crate::lakehouse::typing::{Cell, TableShape, build_array};
+use self::round::{partition, read_bucket, spool_error, write_round};
+use crate::lakehouse::change::TypedChange;
+use crate::lakehouse::columns::{Change, Counts};
+use crate::lakehouse::typing::TableShape;
 use crate::{Error, Result};
-
-/// Partitions of a table's spool. A power of two; buckets beyond it read
-/// one partition and filter it.
-pub const PARTITIONS: u32 = 32;
 
 /// The least memory budget a spool takes, whatever it is given.
 const MIN_BUFFER_BYTES: usize = 8 << 20;
@@ -98,97 +92,6 @@ const RAW_BUFFER_BYTES: usize = 32 << 20;
 /// Changes a round must have had before its share of combined ones decides
 /// whether its table goes on combining.
 const MIN_ROUND_CHANGES: u64 = 10_000;
-
-/// Changes of a round after which its repeats so far may already show that
-/// combining will not pay by the round's end (see [`combining_may_pay`]).
-const EARLY_CHANGES: u64 = 65_536;
-
-/// Whether combining a table's changes is likely to save at least a quarter
-/// of a round of `round` changes, having saved `combined` of its first
-/// `seen`.
-///
-/// The number of keys is estimated as if each change picked one at random:
-/// `seen` picks that found `seen - combined` distinct keys, of `k` keys,
-/// expect `k (1 - e^(-seen/k))`; solved for `k`, the same formula gives the
-/// share of repeats over the whole round. Keys with a hot set repeat more
-/// early on than later, so for them the prediction errs on the side of
-/// combining, and the round's end decides as before.
-fn combining_may_pay(seen: u64, combined: u64, round: u64) -> bool {
-    if round <= seen {
-        return combined * 4 >= seen;
-    }
-    let (n, d) = (seen as f64, (seen - combined.min(seen)) as f64);
-    let distinct = |k: f64, picks: f64| k * -(-picks / k).exp_m1();
-    // `distinct` grows with `k`: halve the range until it finds `d`.
-    let (mut lo, mut hi) = (d.max(1.0), d.max(1.0) * 1e9);
-    for _ in 0..200 {
-        let mid = (lo + hi) / 2.0;
-        if distinct(mid, n) < d {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    let share = 1.0 - distinct(hi, round as f64) / round as f64;
-    share * 4.0 >= 1.0
-}
-
-/// The hash that places a key in a bucket. Stable across runs, versions and
-/// machines (the bucket count a latest view's log records depends on it): FNV-1a over the
-/// key's JSON text, then murmur3's finaliser so the low bits depend on every
-/// byte.
-pub fn key_hash(key: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in key.as_bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xc4ce_b93f_e53e_5c01);
-    h ^ (h >> 33)
-}
-
-/// The bucket of `key` among `buckets` (a power of two).
-pub fn bucket_of(key: &str, buckets: u32) -> u32 {
-    debug_assert!(buckets.is_power_of_two());
-    (key_hash(key) & (buckets as u64 - 1)) as u32
-}
-
-/// One row to spool (read back as [`Spooled`] rows).
-#[derive(Debug, Clone)]
-pub enum Step {
-    /// A change whose key (or, for a truncate, every key) is in the bucket.
-    /// Shared with the history writer, which holds the same change.
-    Change(Arc<TypedChange>),
-    /// At `seq` the row under `from` moved to the key `to` (an update of the
-    /// key). `carry`: that update left columns out, so the row's values are
-    /// needed where `to` is merged.
-    MoveOut {
-        seq: u64,
-        from: String,
-        to: String,
-        carry: bool,
-    },
-}
-
-impl Step {
-    pub fn seq(&self) -> u64 {
-        match self {
-            Step::Change(c) => c.seq,
-            Step::MoveOut { seq, .. } => *seq,
-        }
-    }
-
-    /// The key that places the step in a bucket; `None` for a truncate.
-    fn key(&self) -> Option<&str> {
-        match self {
-            Step::Change(c) => c.key.as_deref(),
-            Step::MoveOut { from, .. } => Some(from),
-        }
-    }
-}
 
 /// About the memory a spooled change holds: its row (see
 /// [`Change::row_bytes`]), plus the JSON of its old row and unchanged
@@ -227,69 +130,6 @@ pub struct TableSpool {
     round_combined: u64,
 }
 
-/// A combined change, found by its key (never `None` here).
-struct Pending(Arc<TypedChange>);
-
-impl Pending {
-    fn key(&self) -> &str {
-        self.0.key.as_deref().unwrap_or_default()
-    }
-}
-
-impl Borrow<str> for Pending {
-    fn borrow(&self) -> &str {
-        self.key()
-    }
-}
-
-impl Hash for Pending {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.key().hash(state);
-    }
-}
-
-impl PartialEq for Pending {
-    fn eq(&self, other: &Pending) -> bool {
-        self.key() == other.key()
-    }
-}
-
-impl Eq for Pending {}
-
-/// The one change that stands for `before` followed by `after` (an upsert
-/// or a delete of the same key, neither moving a row between keys) when the
-/// merge replays it: `after`, except that the columns an upsert left out
-/// (unchanged TOAST) take `before`'s values, which may themselves be left
-/// out (to be carried from the view), or null after a delete (there is no
-/// row to carry them from, as the merge would find).
-fn combine(before: &TypedChange, after: &Arc<TypedChange>) -> Arc<TypedChange> {
-    if after.op != ChangeOp::Upsert || !after.cells.contains(&Cell::Absent) {
-        return Arc::clone(after);
-    }
-    let cells = after
-        .cells
-        .iter()
-        .zip(&before.cells)
-        .map(|(now, was)| match (now, before.op) {
-            (Cell::Absent, ChangeOp::Upsert) => was.clone(),
-            (Cell::Absent, _) => Cell::Null,
-            (now, _) => now.clone(),
-        })
-        .collect();
-    Arc::new(TypedChange {
-        op_name: after.op_name,
-        op: after.op,
-        seq: after.seq,
-        lsn: after.lsn.clone(),
-        key: after.key.clone(),
-        old_key: after.old_key.clone(),
-        cells,
-        // The spool keeps neither: only the history writes them.
-        old: None,
-        unchanged: None,
-    })
-}
-
 /// Every table's spool of a run.
 pub struct Spool {
     /// Shared with the writer of a round, so that the folder outlives it
@@ -311,11 +151,6 @@ pub struct Spool {
     /// The round being written out, on a blocking thread of its own while
     /// the next one fills (at most one: memory holds two rounds' buffers).
     writing: Option<tokio::task::JoinHandle<Result<()>>>,
-}
-
-/// The spool partition of `key`.
-fn partition(key: &str) -> usize {
-    (key_hash(key) % PARTITIONS as u64) as usize
 }
 
 impl TableSpool {
@@ -341,39 +176,6 @@ impl TableSpool {
         self.pending = HashSet::default(); // its table's memory too
         self.rows_from = self.counts.last_seq + 1;
     }
-}
-
-/// The schema of a table's spool files (see [`change_rows`] and
-/// [`Spooled`]).
-pub fn spool_schema(shape: &TableShape) -> SchemaRef {
-    let mut fields = vec![
-        Field::new("_role", DataType::UInt8, false),
-        Field::new("_op", DataType::UInt8, false),
-        Field::new("_seq", DataType::Int64, false),
-        Field::new("_lsn", DataType::Utf8, false),
-        Field::new("_key", DataType::Utf8, true),
-        Field::new("_old_key", DataType::Utf8, true),
-        // A bitmap of the columns the change left out (bit i of byte i/8);
-        // for a move-out, present when the values must be carried.
-        Field::new("_absent", DataType::Binary, true),
-    ];
-    fields.extend(
-        shape
-            .columns
-            .iter()
-            .map(|c| Field::new(&c.name, c.kind.data_type(), true)),
-    );
-    Arc::new(Schema::new(fields))
-}
-
-const ROLE_CHANGE: u8 = 0;
-const ROLE_MOVE_OUT: u8 = 1;
-
-fn spool_error(what: impl std::fmt::Display) -> Error {
-    Error::fatal(
-        format!("the compaction spool failed: {what}"),
-        "compact writes its spool under TMPDIR; check that it has free space (about the size of the NDJSON compacted in one run) and run `waltail compact` again",
-    )
 }
 
 impl Spool {
@@ -537,7 +339,7 @@ impl Spool {
         let Some(rows) = rows.since(t.rows_from)? else {
             return Ok(());
         };
-        self.buffered += rows.batch.get_array_memory_size();
+        self.buffered += rows.memory();
         t.rows.push(rows);
         if self.buffered >= self.limit {
             self.flush().await?;
@@ -637,388 +439,21 @@ impl Spool {
         if !self.tables.contains_key(table) {
             return Err(spool_error(format!("no spool for {table}")));
         }
-        let m = buckets.min(PARTITIONS);
-        let partitions = (0..PARTITIONS).filter(|p| p & (m - 1) == bucket & (m - 1));
-        let mut out = Vec::new();
-        for batch in read_partitions(file, partitions)? {
-            let batch = if buckets > PARTITIONS {
-                let keys = batch
-                    .column(KEY)
-                    .as_any()
-                    .downcast_ref::<StringArray>()
-                    .ok_or_else(|| spool_error("bad column type"))?;
-                let mine: arrow::array::BooleanArray = keys
-                    .iter()
-                    .map(|k| Some(k.is_none_or(|k| bucket_of(k, buckets) == bucket)))
-                    .collect();
-                arrow::compute::filter_record_batch(&batch, &mine).map_err(spool_error)?
-            } else {
-                batch
-            };
-            if batch.num_rows() > 0 {
-                out.push(Spooled::new(batch)?);
-            }
-        }
-        Ok(out)
+        read_bucket(file, bucket, buckets)
     }
-}
-
-/// The columns of a spool batch (see [`spool_schema`]): the data columns
-/// follow these.
-const ROLE: usize = 0;
-const OP: usize = 1;
-const SEQ: usize = 2;
-const LSN: usize = 3;
-const KEY: usize = 4;
-const OLD_KEY: usize = 5;
-const ABSENT: usize = 6;
-const DATA: usize = 7;
-
-/// What a spooled row does (see [`Step`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// A change: its key is [`Spooled::key`], the key it had before
-    /// [`Spooled::old_key`].
-    Change(ChangeOp),
-    /// The row under [`Spooled::key`] moved to [`Spooled::old_key`];
-    /// `carry`: its values are needed there.
-    MoveOut { carry: bool },
-}
-
-/// One partition's spooled rows of a round, read back: the merge takes
-/// their values straight from these columns (no value per row is built).
-pub struct Spooled {
-    batch: RecordBatch,
-    roles: UInt8Array,
-    ops: UInt8Array,
-    seqs: Int64Array,
-    keys: StringArray,
-    old_keys: StringArray,
-    absent: BinaryArray,
-}
-
-impl Spooled {
-    fn new(batch: RecordBatch) -> Result<Spooled> {
-        fn column<A: Array + Clone + 'static>(batch: &RecordBatch, i: usize) -> Result<A> {
-            batch
-                .column(i)
-                .as_any()
-                .downcast_ref::<A>()
-                .cloned()
-                .ok_or_else(|| spool_error("bad column type"))
-        }
-        Ok(Spooled {
-            roles: column(&batch, ROLE)?,
-            ops: column(&batch, OP)?,
-            seqs: column(&batch, SEQ)?,
-            keys: column(&batch, KEY)?,
-            old_keys: column(&batch, OLD_KEY)?,
-            absent: column(&batch, ABSENT)?,
-            batch,
-        })
-    }
-
-    pub fn len(&self) -> usize {
-        self.batch.num_rows()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn seq(&self, i: usize) -> u64 {
-        self.seqs.value(i) as u64
-    }
-
-    pub fn role(&self, i: usize) -> Role {
-        if self.roles.value(i) == ROLE_MOVE_OUT {
-            return Role::MoveOut {
-                carry: !self.absent.is_null(i),
-            };
-        }
-        Role::Change(match self.ops.value(i) {
-            0 => ChangeOp::Upsert,
-            1 => ChangeOp::Delete,
-            _ => ChangeOp::Truncate,
-        })
-    }
-
-    pub fn key(&self, i: usize) -> Option<&str> {
-        (!self.keys.is_null(i)).then(|| self.keys.value(i))
-    }
-
-    pub fn old_key(&self, i: usize) -> Option<&str> {
-        (!self.old_keys.is_null(i)).then(|| self.old_keys.value(i))
-    }
-
-    /// Of a change, the columns it left out (bit `j` of byte `j / 8` for
-    /// column `j`), when it left any out.
-    pub fn absent(&self, i: usize) -> Option<&[u8]> {
-        (!self.absent.is_null(i)).then(|| self.absent.value(i))
-    }
-
-    /// Each row's seq, as the latest view's `_seq` column takes it.
-    pub fn seqs(&self) -> &Int64Array {
-        &self.seqs
-    }
-
-    /// Each row's LSN.
-    pub fn lsns(&self) -> &ArrayRef {
-        self.batch.column(LSN)
-    }
-
-    /// The data columns, as the shape's kinds (null where a change left a
-    /// column out, and in the rows of a delete or truncate).
-    pub fn data(&self) -> &[ArrayRef] {
-        &self.batch.columns()[DATA..]
-    }
-}
-
-/// Writes one round of a table: batch `p` of the file holds partition `p`
-/// (the rows pushed one by one, then those that came in batches: a round
-/// has both when its table stopped combining within it, see
-/// [`TableSpool::rows_from`]).
-fn write_round(
-    shape: &TableShape,
-    schema: &SchemaRef,
-    partitions: &[Vec<Step>],
-    rows: &[ChangeRows],
-    path: &Path,
-) -> Result<()> {
-    let file =
-        File::create(path).map_err(|e| Error::io(format!("cannot write {}", path.display()), e))?;
-    let mut writer = FileWriter::try_new(BufWriter::new(file), schema).map_err(spool_error)?;
-    for (p, steps) in partitions.iter().enumerate() {
-        let mut parts: Vec<RecordBatch> = rows
-            .iter()
-            .map(|r| r.partition(p))
-            .filter(|b| b.num_rows() > 0)
-            .collect();
-        if !steps.is_empty() {
-            parts.insert(0, steps_batch(shape, schema, steps)?);
-        }
-        let batch = match parts.len() {
-            0 => RecordBatch::new_empty(Arc::clone(schema)),
-            1 => parts.pop().expect("one"),
-            _ => concat_batches(schema, &parts).map_err(spool_error)?,
-        };
-        writer.write(&batch).map_err(spool_error)?;
-    }
-    writer.finish().map_err(spool_error)?;
-    Ok(())
-}
-
-/// The spool rows of a buffer of changes ([`change_rows`]), ordered by
-/// partition: a round's file takes a slice of each (contiguous copies,
-/// where picking each partition's rows out of a round's batches made
-/// scattered ones, 4% of compact's CPU).
-pub struct ChangeRows {
-    batch: RecordBatch,
-    /// Partition `p` is rows `offsets[p]..offsets[p + 1]`.
-    offsets: Vec<usize>,
-}
-
-impl ChangeRows {
-    /// Each row's seq, in the rows' order (by partition).
-    #[cfg(test)]
-    pub fn seqs(&self) -> Vec<u64> {
-        let seqs = self.batch.column(SEQ).as_primitive::<Int64Type>();
-        seqs.values().iter().map(|&s| s as u64).collect()
-    }
-
-    fn partition(&self, p: usize) -> RecordBatch {
-        let (from, to) = (self.offsets[p], self.offsets[p + 1]);
-        self.batch.slice(from, to - from)
-    }
-
-    /// The rows of changes from `seq` on; `None` if there are none.
-    fn since(self, seq: u64) -> Result<Option<ChangeRows>> {
-        let seqs = self.batch.column(SEQ).as_primitive::<Int64Type>();
-        let keep = |i: usize| seqs.value(i) as u64 >= seq;
-        let kept = (0..seqs.len()).filter(|&i| keep(i)).count();
-        if kept == 0 {
-            return Ok(None);
-        }
-        if kept == seqs.len() {
-            return Ok(Some(self));
-        }
-        // The changes of the buffer the table stopped combining in: once.
-        let mask: arrow::array::BooleanArray = (0..seqs.len()).map(|i| Some(keep(i))).collect();
-        let mut offsets = vec![0];
-        for w in self.offsets.windows(2) {
-            let n = (w[0]..w[1]).filter(|&i| keep(i)).count();
-            offsets.push(offsets.last().expect("one") + n);
-        }
-        let batch = arrow::compute::filter_record_batch(&self.batch, &mask).map_err(spool_error)?;
-        Ok(Some(ChangeRows { batch, offsets }))
-    }
-}
-
-/// `rows` (a buffer's changes, in seq order) ordered by partition, each
-/// partition in seq order: a truncate goes to every partition, a move also
-/// leaves a [`Step::MoveOut`] under the old key (after the change, as
-/// [`Spool::push`] buffers them).
-fn partition_rows(shape: &TableShape, schema: &SchemaRef, rows: RecordBatch) -> Result<ChangeRows> {
-    let mut picks: Vec<Vec<(usize, usize)>> = vec![Vec::new(); PARTITIONS as usize];
-    let mut moves = Vec::new();
-    let spooled = Spooled::new(rows)?;
-    for i in 0..spooled.len() {
-        let (op, key) = match spooled.role(i) {
-            Role::Change(op) => (op, spooled.key(i)),
-            Role::MoveOut { .. } => return Err(Error::bug("a move-out among a buffer's changes")),
-        };
-        let Some(key) = key else {
-            if op == ChangeOp::Truncate {
-                picks.iter_mut().for_each(|p| p.push((0, i)));
-            }
-            continue;
-        };
-        picks[partition(key)].push((0, i));
-        let moved_from = spooled
-            .old_key(i)
-            .filter(|old| op == ChangeOp::Upsert && *old != key);
-        if let Some(old) = moved_from {
-            // The move-outs are the second batch.
-            picks[partition(old)].push((1, moves.len()));
-            moves.push(Step::MoveOut {
-                seq: spooled.seq(i),
-                from: old.to_string(),
-                to: key.to_string(),
-                carry: spooled.absent(i).is_some(),
-            });
-        }
-    }
-    let moves = steps_batch(shape, schema, &moves)?;
-    let mut offsets = vec![0];
-    for p in &picks {
-        offsets.push(offsets.last().expect("one") + p.len());
-    }
-    let order: Vec<(usize, usize)> = picks.concat();
-    let batch = interleave_record_batch(&[&spooled.batch, &moves], &order).map_err(spool_error)?;
-    Ok(ChangeRows { batch, offsets })
-}
-
-/// The Arrow batch of spooled rows.
-fn steps_batch(shape: &TableShape, schema: &SchemaRef, steps: &[Step]) -> Result<RecordBatch> {
-    if steps.is_empty() {
-        return Ok(RecordBatch::new_empty(Arc::clone(schema)));
-    }
-    let changes: Vec<Option<&TypedChange>> = steps
-        .iter()
-        .map(|s| match s {
-            Step::Change(c) => Some(&**c),
-            Step::MoveOut { .. } => None,
-        })
-        .collect();
-    let mut columns: Vec<ArrayRef> = vec![
-        Arc::new(
-            steps
-                .iter()
-                .map(|s| match s {
-                    Step::Change(_) => ROLE_CHANGE,
-                    Step::MoveOut { .. } => ROLE_MOVE_OUT,
-                })
-                .collect::<UInt8Array>(),
-        ),
-        Arc::new(
-            changes
-                .iter()
-                .map(|c| c.map_or(0, |c| op_code(c.op)))
-                .collect::<UInt8Array>(),
-        ),
-        Arc::new(steps.iter().map(|s| s.seq() as i64).collect::<Int64Array>()),
-        Arc::new(
-            changes
-                .iter()
-                .map(|c| Some(c.map_or("", |c| c.lsn.as_str())))
-                .collect::<StringArray>(),
-        ),
-        Arc::new(steps.iter().map(Step::key).collect::<StringArray>()),
-        Arc::new(
-            steps
-                .iter()
-                .map(|s| match s {
-                    Step::Change(c) => c.old_key.as_deref(),
-                    Step::MoveOut { to, .. } => Some(to.as_str()),
-                })
-                .collect::<StringArray>(),
-        ),
-        Arc::new(
-            steps
-                .iter()
-                .map(|s| match s {
-                    Step::Change(c) => absent_bits(&c.cells),
-                    Step::MoveOut { carry, .. } => carry.then(Vec::new),
-                })
-                .collect::<BinaryArray>(),
-        ),
-    ];
-    for (i, c) in shape.columns.iter().enumerate() {
-        columns.push(build_array(
-            c.kind,
-            changes
-                .iter()
-                .map(|ch| ch.map_or(&Cell::Null, |ch| &ch.cells[i])),
-        ));
-    }
-    RecordBatch::try_new(Arc::clone(schema), columns).map_err(spool_error)
-}
-
-/// The spool's rows of a table's changes (in seq order, as the parse
-/// built them): the data, seq, LSN and key columns are the history's
-/// arrays; built on the history writer's encoding task (see
-/// [`Spool::push_rows`]).
-pub fn change_rows(
-    shape: &TableShape,
-    schema: &SchemaRef,
-    changes: &ChangeBatch,
-) -> Result<ChangeRows> {
-    let (n, history) = (changes.data_columns(), &changes.history);
-    let mut columns: Vec<ArrayRef> = vec![
-        Arc::new(UInt8Array::from(vec![ROLE_CHANGE; changes.len()])),
-        Arc::clone(&changes.ops),
-        Arc::clone(&history[n + columns::SEQ]),
-        Arc::clone(&history[n + columns::LSN]),
-        Arc::clone(&history[n + columns::KEY]),
-        Arc::clone(&changes.old_keys),
-        Arc::clone(&changes.absent),
-    ];
-    columns.extend(history[..n].iter().cloned());
-    let rows = RecordBatch::try_new(Arc::clone(schema), columns).map_err(spool_error)?;
-    partition_rows(shape, schema, rows)
-}
-
-/// The batches of the round file `path`'s `partitions`.
-fn read_partitions(path: &Path, partitions: impl Iterator<Item = u32>) -> Result<Vec<RecordBatch>> {
-    let file =
-        File::open(path).map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
-    let mut reader = FileReader::try_new(BufReader::new(file), None).map_err(spool_error)?;
-    if reader.num_batches() != PARTITIONS as usize {
-        return Err(spool_error(format!(
-            "{} holds {} partitions, not {PARTITIONS}",
-            path.display(),
-            reader.num_batches()
-        )));
-    }
-    let mut out = Vec::new();
-    for p in partitions {
-        reader.set_index(p as usize).map_err(spool_error)?;
-        let batch = reader
-            .next()
-            .ok_or_else(|| spool_error(format!("{} ends early", path.display())))?
-            .map_err(spool_error)?;
-        out.push(batch);
-    }
-    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
+    use arrow::array::StringArray;
+
     use super::super::latest::{LatestView, MergeInput, merge_bucket};
     use super::*;
+    use crate::lakehouse::change::ChangeOp;
     use crate::lakehouse::columns::{change_batch, left_out};
     use crate::lakehouse::session;
-    use crate::lakehouse::typing::read_cells;
+    use crate::lakehouse::typing::Cell;
+    use crate::lakehouse::typing::array::read_cells;
 
     fn shape() -> Arc<TableShape> {
         Arc::new(TableShape::test_t())
@@ -1301,27 +736,6 @@ mod tests {
         }
     }
 
-    /// A uniform million keys: 3% repeats after 65,536 changes, 16% by the
-    /// end of a round of 353,381 (the benchmark's first): stop. 200,000
-    /// keys: 15%, then 50%: go on, as the round's end would decide.
-    #[test]
-    fn the_share_a_round_would_combine_is_predicted_from_its_start() {
-        let seen = EARLY_CHANGES;
-        // What `seen` uniform picks among `keys` repeat, about.
-        let repeats = |keys: f64| {
-            let distinct = keys * -(-(seen as f64) / keys).exp_m1();
-            (seen as f64 - distinct) as u64
-        };
-        assert!(!combining_may_pay(seen, repeats(1e6), 353_381));
-        assert!(combining_may_pay(seen, repeats(2e5), 353_381));
-        // No repeat at all, or only repeats.
-        assert!(!combining_may_pay(seen, 0, 353_381));
-        assert!(combining_may_pay(seen, seen - 1, 353_381));
-        // A round no longer than what was seen: what was seen decides.
-        assert!(combining_may_pay(seen, seen / 4, seen));
-        assert!(!combining_may_pay(seen, seen / 4 - 1, seen));
-    }
-
     /// Keys that never repeat stop the combining within the first round,
     /// once [`EARLY_CHANGES`] changes show it; every change comes back
     /// once. Keys that repeat go on combining.
@@ -1373,13 +787,6 @@ mod tests {
                 seqs.last()
             );
         }
-    }
-
-    #[test]
-    fn the_key_hash_is_stable() {
-        // Recorded bucket counts depend on it: it must never change. (The
-        // value as computed by an independent Python implementation.)
-        assert_eq!(key_hash(r#"{"id":1}"#), 10197414254594627533);
     }
 
     /// Rows that come in buffers straddling the switch from combining to

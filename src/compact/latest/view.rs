@@ -1,44 +1,10 @@
-//! The latest view: one row per key, the version with the highest seq,
-//! written as `[prefix/]latest/<schema>/<table>/<generation>-<bucket>-<part>.parquet`
-//! with the data columns and `_seq`, `_lsn`, `_key`.
-//!
-//! A run merges the previous generation (read back through DataFusion) with
-//! its new changes, applied in seq order: an upsert replaces the row and
-//! takes the previous version's value for every column it left out
-//! (unchanged TOAST); an update that moves the key drops the old key's row;
-//! a delete drops the row; a truncate drops every row. It then writes a new
-//! generation under new names; one commit to the view's Delta log removes
-//! the previous generation's files and adds the new ones, so a reader of
-//! the log sees one generation or the other, never a mix. The removed files
-//! stay for time travel until vacuum deletes them.
-//!
-//! Buckets: a table's keys are split into `n` buckets by the hash of the
-//! key ([`super::spool::bucket_of`], `n` a power of two recorded in the
-//! table's Delta configuration), and the view is merged and written bucket by bucket (two at
-//! a time, see `compact::MERGERS`), as files
-//! `<generation>-<bucket>-<part>.parquet`: memory holds the rows of two
-//! buckets, not the table's. `n` grows (doubling) with the table; bucket
-//! `b` of `n` then draws its previous rows from bucket `b % n_before`.
-//! An update that moves a row to a key of another bucket is applied in
-//! both: the old key's bucket drops the row, the new key's bucket takes the
-//! values it left out (unchanged TOAST) from the old row, replaying the old
-//! bucket up to that change when it comes later in the merge.
-//!
-//! A view does not copy values: its sources are the Arrow batches it is
-//! merged from (the previous generation's, a round's spooled ones), and a
-//! row is where its values are (a source and a row; per column when an
-//! upsert left columns out). Applying a change is a hash lookup; values
-//! are copied once, gathered (`interleave`) into the batches written. The
-//! sources stay whole until then, superseded versions too: the bucket
-//! count sizes a bucket for every version the run brings (see
-//! `compact::bucket_count`). Gathering a view's rows into a new source
-//! after each spool round, to hold less, was 8% of compact's CPU on the
-//! benchmark (merge phase 1.5 -> 1.2 s without). Building a
-//! value per row instead (read back, moved into the map, converted back to
-//! Arrow) made the merge 2.5 times slower.
+//! A latest view in memory: one bucket of a table's rows, merged from the
+//! previous generation's files and the run's changes, and written as the
+//! new generation's files of that bucket (see the [latest view's](super)
+//! opening comment for how rows are held).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::DataType;
@@ -49,15 +15,17 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use parquet::file::properties::WriterProperties;
 
-use super::history::{Output, ParquetFile, dictionaries_for};
-use super::spool::{Role, Spool, bucket_of};
+use crate::compact::history::dictionaries_for;
+use crate::compact::parquet_file::{Output, ParquetFile};
+use crate::compact::spool::bucket_of;
 use crate::error::ErrorKind;
 use crate::lakehouse::change::{ChangeOp, TypedChange};
 use crate::lakehouse::columns::{absent_bits, left_out};
 use crate::lakehouse::compacted::UNREADABLE_FIX;
 use crate::lakehouse::layout::{latest_schema, table_dir};
 use crate::lakehouse::session::{ARCHIVE_URL, table_url};
-use crate::lakehouse::typing::{Cell, TableShape, build_array, read_cells};
+use crate::lakehouse::typing::array::{build_array, read_cells};
+use crate::lakehouse::typing::{Cell, TableShape};
 use crate::{Error, Result};
 
 /// Rows per Arrow batch written.
@@ -65,9 +33,9 @@ const BATCH_ROWS: usize = 8192;
 
 /// Where a value of the view is: row `row` of source `src`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Loc {
-    src: u32,
-    row: u32,
+pub(super) struct Loc {
+    pub(super) src: u32,
+    pub(super) row: u32,
 }
 
 /// The one row of nulls (source 0): the value of a column an upsert left
@@ -78,20 +46,20 @@ const NULL: Loc = Loc { src: 0, row: 0 };
 /// generation, a spooled batch, or one row built from cells. Values stay in
 /// these columns until the view is written: a row of the view is where its
 /// values are, not a copy of them.
-struct Source {
+pub(super) struct Source {
     /// The data columns, as the shape's kinds.
-    columns: Vec<ArrayRef>,
-    seqs: Int64Array,
-    lsns: ArrayRef,
+    pub(super) columns: Vec<ArrayRef>,
+    pub(super) seqs: Int64Array,
+    pub(super) lsns: ArrayRef,
 }
 
 /// One current row: where its version is (`at`: its seq, LSN and values)
 /// and, when that version left columns out (unchanged TOAST), where each
 /// column's value is.
 #[derive(Debug, Clone)]
-struct Row {
-    at: Loc,
-    columns: Option<Box<[Loc]>>,
+pub(super) struct Row {
+    pub(super) at: Loc,
+    pub(super) columns: Option<Box<[Loc]>>,
 }
 
 impl Row {
@@ -103,8 +71,8 @@ impl Row {
 /// A table's latest rows, being merged.
 pub struct LatestView {
     pub shape: Arc<TableShape>,
-    sources: Vec<Source>,
-    rows: HashMap<CompactString, Row, foldhash::fast::RandomState>,
+    pub(super) sources: Vec<Source>,
+    pub(super) rows: HashMap<CompactString, Row, foldhash::fast::RandomState>,
 }
 
 impl LatestView {
@@ -251,13 +219,13 @@ impl LatestView {
     }
 
     /// Adds a source; its index.
-    fn add(&mut self, source: Source) -> u32 {
+    pub(super) fn add(&mut self, source: Source) -> u32 {
         self.sources.push(source);
         (self.sources.len() - 1) as u32
     }
 
     /// A source of one row of `cells` (absent ones null).
-    fn add_cells(&mut self, cells: &[Cell], seq: u64, lsn: &str) -> Loc {
+    pub(super) fn add_cells(&mut self, cells: &[Cell], seq: u64, lsn: &str) -> Loc {
         let columns = self
             .shape
             .columns
@@ -290,7 +258,7 @@ impl LatestView {
     /// removing it from its old key when it moved. `moved_in`: for an
     /// update that moved a row here from a key another bucket holds, the
     /// old row as that bucket had it (or `None`), instead.
-    fn apply_at(
+    pub(super) fn apply_at(
         &mut self,
         op: ChangeOp,
         key: Option<&str>,
@@ -367,7 +335,7 @@ impl LatestView {
     }
 
     /// Removes the row under `key`; its values.
-    fn remove(&mut self, key: &str) -> Option<Vec<Cell>> {
+    pub(super) fn remove(&mut self, key: &str) -> Option<Vec<Cell>> {
         let row = self.rows.remove(key)?;
         Some(self.cells(&row))
     }
@@ -532,140 +500,6 @@ pub fn file_bucket(key: &str) -> u32 {
     }
 }
 
-/// What the bucket merges of one table read: the previous generation and
-/// the run's spool. Shared by the merges running at once.
-pub struct MergeInput {
-    pub ctx: SessionContext,
-    pub shape: Arc<TableShape>,
-    /// The previous generation's files and its bucket count.
-    pub previous: Vec<String>,
-    pub previous_buckets: u32,
-    pub spool: Arc<Spool>,
-    /// The bucket count of this merge (a multiple of `previous_buckets`).
-    pub buckets: u32,
-    /// By seq, the old row of each update that moved a row across buckets
-    /// leaving columns out; filled as buckets are merged, and by replaying
-    /// the old key's bucket up to that update when it was not merged that
-    /// far yet. Only such updates use it; when the spool holds any
-    /// (`TableSpool::carried_moves`: updates that changed a row's key
-    /// leaving a column out, whichever buckets the keys fall in, which is
-    /// known only later) buckets are merged one at a time, in order, so
-    /// that only moves from a later bucket cost a replay; merged two at
-    /// once, moves between the two would too. The result is the same.
-    pub moved: Mutex<HashMap<u64, Option<Vec<Cell>>>>,
-}
-
-/// The old row of the update at `seq` that moved it from key `old` of
-/// another bucket: from where that bucket's merge left it, or by replaying
-/// that bucket up to the update when it is merged later.
-async fn moved_cells(input: &MergeInput, old: &str, seq: u64) -> Result<Option<Vec<Cell>>> {
-    let known = input.moved.lock().expect("not poisoned").get(&seq).cloned();
-    if let Some(cells) = known {
-        return Ok(cells);
-    }
-    let from = bucket_of(old, input.buckets);
-    let before = Box::pin(merge_bucket(input, from, Some(seq))).await?;
-    let cells = before.get(old);
-    input
-        .moved
-        .lock()
-        .expect("not poisoned")
-        .insert(seq, cells.clone());
-    Ok(cells)
-}
-
-/// The latest view of bucket `bucket`: the previous generation's rows of
-/// the bucket with the run's changes of the bucket applied in seq order,
-/// those before seq `until` only when it is given.
-pub async fn merge_bucket(
-    input: &MergeInput,
-    bucket: u32,
-    until: Option<u64>,
-) -> Result<LatestView> {
-    let n = input.buckets;
-    let previous_bucket = bucket & (input.previous_buckets.max(1) - 1);
-    let files: Vec<String> = input
-        .previous
-        .iter()
-        .filter(|f| file_bucket(f) == previous_bucket)
-        .cloned()
-        .collect();
-    let mut view =
-        LatestView::load_bucket(&input.ctx, Arc::clone(&input.shape), &files, bucket, n).await?;
-    let table = &input.shape.table;
-    for file in input.spool.rounds(table) {
-        let batches = input.spool.read_round(table, file, bucket, n)?;
-        // The round's rows in seq order: (seq, batch, row). Stable: a
-        // truncate written to several partitions of the bucket stays where
-        // it was, and applying it twice is the same.
-        let mut order: Vec<(u64, u32, u32)> = Vec::new();
-        for (b, rows) in batches.iter().enumerate() {
-            order.extend((0..rows.len()).map(|i| (rows.seq(i), b as u32, i as u32)));
-        }
-        order.sort_by_key(|o| o.0);
-        let first = view.sources.len() as u32;
-        for rows in &batches {
-            view.add(Source {
-                columns: rows.data().to_vec(),
-                seqs: rows.seqs().clone(),
-                lsns: Arc::clone(rows.lsns()),
-            });
-        }
-        for (seq, b, i) in order {
-            if until.is_some_and(|u| seq >= u) {
-                return Ok(view);
-            }
-            let (rows, i) = (&batches[b as usize], i as usize);
-            let at = Loc {
-                src: first + b,
-                row: i as u32,
-            };
-            let op = match rows.role(i) {
-                Role::MoveOut { carry } => {
-                    let (from, to) = (rows.key(i), rows.old_key(i));
-                    let (Some(from), Some(to)) = (from, to) else {
-                        return Err(Error::bug(format!(
-                            "a spooled move of {table} without keys"
-                        )));
-                    };
-                    if bucket_of(to, n) == bucket {
-                        continue; // the update itself, in this bucket, moves it
-                    }
-                    if carry {
-                        let row = view.remove(from);
-                        input.moved.lock().expect("not poisoned").insert(seq, row);
-                    } else {
-                        view.rows.remove(from);
-                    }
-                    continue;
-                }
-                Role::Change(op) => op,
-            };
-            let (key, old_key) = (rows.key(i), rows.old_key(i));
-            let absent = rows.absent(i);
-            let moved_in = match (op, key, old_key) {
-                (ChangeOp::Upsert, Some(key), Some(old))
-                    if old != key && bucket_of(old, n) != bucket =>
-                {
-                    // Moved from another bucket: when it left columns
-                    // out, it takes them from the old row.
-                    let cells = match absent {
-                        Some(_) => moved_cells(input, old, seq).await?,
-                        None => None,
-                    };
-                    Some(cells.map(|cells| Row {
-                        at: view.add_cells(&cells, seq, ""),
-                        columns: None,
-                    }))
-                }
-                _ => None,
-            };
-            view.apply_at(op, key, old_key, at, absent, moved_in);
-        }
-    }
-    Ok(view)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -801,7 +635,7 @@ mod tests {
             },
             prefix: None,
             generation: "1.run".into(),
-            props: super::super::history::writer_properties(&Default::default()),
+            props: crate::compact::parquet_file::writer_properties(&Default::default()),
             file_bytes: 1 << 30,
         };
         let written = v.write_bucket(&target, 0, false).await.unwrap();
