@@ -7,6 +7,9 @@
 //! test module (tests may reach anywhere; by the house style that module
 //! ends the file). A cycle fails the test with its modules and the
 //! paths that close it, so the fix can start at the named line.
+//!
+//! And no file is longer than a reader holds at once (see
+//! [`MAX_LINES`]) unless its opening comment says why it must be one file.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -41,8 +44,8 @@ fn module_of(src: &Path, file: &Path) -> Module {
     parts
 }
 
-/// The code of a file without its tests and comments.
-fn code(text: &str) -> String {
+/// A file without its test module (by the house style, the file's end).
+fn without_tests(text: &str) -> &str {
     let cut = [
         "#[cfg(test)]\nmod tests {",
         "#[cfg(test)]\npub(crate) mod tests {",
@@ -50,8 +53,13 @@ fn code(text: &str) -> String {
     .iter()
     .filter_map(|m| text.find(m))
     .min();
-    let text = &text[..cut.unwrap_or(text.len())];
-    text.lines()
+    &text[..cut.unwrap_or(text.len())]
+}
+
+/// The code of a file without its tests and comments.
+fn code(text: &str) -> String {
+    without_tests(text)
+        .lines()
         .filter(|l| !l.trim_start().starts_with("//"))
         .collect::<Vec<_>>()
         .join("\n")
@@ -231,4 +239,46 @@ fn no_module_imports_one_that_imports_it() {
     }
     // The graph was read: the crate's modules import one another.
     assert!(checked > 50, "only {checked} imports found");
+}
+
+/// The most lines (not blank, comments included, tests left out) a file
+/// of `src/` has: about what a reader holds at once. A longer file holds
+/// more than one concept, or one that needs parts of its own.
+const MAX_LINES: usize = 600;
+
+#[test]
+fn no_file_is_longer_than_a_reader_holds_unless_it_says_why() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut paths = Vec::new();
+    rust_files(&src, &mut paths);
+    assert!(paths.len() > 50, "src/ was not read: {paths:?}");
+    let mut long: Vec<String> = paths
+        .iter()
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(p).unwrap();
+            let lines = without_tests(&text)
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .count();
+            // A file that must be one (a decoder's single match) says so
+            // where a reader starts.
+            let opening: String = text
+                .lines()
+                .take_while(|l| l.starts_with("//!"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            (lines > MAX_LINES && !opening.contains("one file")).then(|| {
+                format!(
+                    "  {} ({lines} lines)",
+                    p.strip_prefix(&src).unwrap().display()
+                )
+            })
+        })
+        .collect();
+    long.sort();
+    assert!(
+        long.is_empty(),
+        "files over {MAX_LINES} lines of non-test code: split each along its concepts, or say in its opening comment why it must be one file\n{}",
+        long.join("\n")
+    );
 }
