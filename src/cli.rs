@@ -119,12 +119,14 @@ pub enum Command {
     /// Not in this build (built without the `lakehouse` feature)
     #[cfg(not(feature = "lakehouse"))]
     Compact {
+        /// What was given: refused whatever it is
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
         args: Vec<String>,
     },
     /// Not in this build (built without the `lakehouse` feature)
     #[cfg(not(feature = "lakehouse"))]
     Query {
+        /// What was given: refused whatever it is
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
         args: Vec<String>,
     },

@@ -38,11 +38,15 @@ use crate::{Error, Result};
 
 /// One run's commit to one table.
 pub struct Commit<'a> {
+    /// The table committed to.
     pub shape: &'a TableShape,
+    /// Its history or its latest view.
     pub role: Role,
+    /// The txn's app id: the pipeline's and the table's (see `delta::app_id`).
     pub app_id: &'a str,
     /// The last seq compacted (the txn version).
     pub seq: u64,
+    /// The files this commit adds.
     pub adds: Vec<DataFile>,
     /// Paths (relative to the table) of files this commit replaces.
     pub removes: Vec<String>,

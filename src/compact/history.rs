@@ -57,6 +57,7 @@ type Rows = Vec<ChangeBatch>;
 /// the batch's arrays): [`HistoryFile::push`] and [`HistoryFile::finish`]
 /// hand them on, buffer after buffer in seq order.
 pub struct HistoryFile {
+    /// The table the file holds changes of.
     pub shape: Arc<TableShape>,
     schema: SchemaRef,
     /// The spool's schema of the table, when it has a key.
@@ -137,6 +138,8 @@ impl Target {
 }
 
 impl HistoryFile {
+    /// Starts the file `key` of `shape`'s table on `output`; nothing is
+    /// uploaded before its first buffer is full.
     pub fn create(
         output: &Output,
         key: String,

@@ -67,14 +67,18 @@ pub fn writer_properties(config: &CompactConfig) -> WriterProperties {
 /// file's parts are sent, and tried again, one by one.
 #[derive(Clone)]
 pub struct Output {
+    /// The store the files go to.
     pub store: Arc<dyn ObjectStore>,
+    /// The store's multipart interface, when it has one.
     pub parts: Option<Arc<dyn MultipartStore>>,
 }
 
 /// A Parquet file being streamed to the store.
 pub struct ParquetFile {
+    /// Its key in the store.
     pub key: String,
     writer: AsyncArrowWriter<Upload>,
+    /// The rows written so far.
     pub rows: u64,
 }
 
@@ -331,6 +335,8 @@ impl AsyncFileWriter for Upload {
 }
 
 impl ParquetFile {
+    /// Starts the file `key` of `schema` on `output`; nothing is visible
+    /// in the store before [`ParquetFile::finish`].
     pub fn create(
         output: &Output,
         key: String,
@@ -354,6 +360,7 @@ impl ParquetFile {
         })
     }
 
+    /// Writes `batch` (a row group is uploaded once it is full).
     pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         self.rows += batch.num_rows() as u64;
         let key = &self.key;
@@ -378,6 +385,9 @@ impl ParquetFile {
     }
 }
 
+/// Our error for a Parquet writer's: the store's error when the upload
+/// failed (so it is retried or reported as the store's), else one that
+/// names the file.
 pub fn parquet_error(key: &str, e: parquet::errors::ParquetError) -> Error {
     match e {
         parquet::errors::ParquetError::External(inner) => {

@@ -10,20 +10,30 @@ use super::plan::Plan;
 /// What a run did.
 #[derive(Debug, Clone, Default)]
 pub struct Summary {
+    /// Archive objects read.
     pub objects: usize,
+    /// Their bytes (NDJSON as stored).
     pub bytes_in: u64,
+    /// The first and last seq compacted.
     pub seqs: Option<(u64, u64)>,
+    /// Changes compacted.
     pub changes: u64,
     /// Changes skipped because their seq was already compacted (an object
     /// written twice under different names).
     pub repeats: u64,
     /// Objects left out because another object holds all their changes.
     pub repeated_objects: usize,
+    /// History files written.
     pub history_files: usize,
+    /// Their bytes.
     pub history_bytes: u64,
+    /// Latest-view files written.
     pub latest_files: usize,
+    /// The rows of the new latest views.
     pub latest_rows: u64,
+    /// Their bytes.
     pub latest_bytes: u64,
+    /// The tables compacted (`schema.table`).
     pub tables: BTreeSet<String>,
     /// Files vacuum deleted (see [`super::vacuum_tables`]).
     pub vacuumed: usize,
@@ -31,9 +41,11 @@ pub struct Summary {
     pub rewritten: usize,
     /// Delta commits written, and the time they took.
     pub commits: usize,
+    /// The time the commits took.
     pub commit_time: Duration,
     /// The first seq not in the archive when a gap stopped the run.
     pub gap: Option<u64>,
+    /// The run's wall time.
     pub elapsed: Duration,
 }
 

@@ -13,7 +13,9 @@ use super::typing::Cell;
 pub enum ChangeOp {
     /// insert, update and read (a backfilled row): the row now has these values.
     Upsert,
+    /// delete: the row is gone.
     Delete,
+    /// truncate: every row of the table is gone.
     Truncate,
 }
 
@@ -22,7 +24,9 @@ pub enum ChangeOp {
 pub struct TypedChange {
     /// As the archive names it (see [`super::read::parse_op`]).
     pub op_name: &'static str,
+    /// What it does to the row.
     pub op: ChangeOp,
+    /// Its seq in the archive.
     pub seq: u64,
     /// Inline: an LSN is at most 17 bytes.
     pub lsn: CompactString,
@@ -35,6 +39,7 @@ pub struct TypedChange {
     pub old_key: Option<CompactString>,
     /// One cell per shape column; `Absent` where `data` left it out.
     pub cells: Vec<Cell>,
+    /// The old row as the archive holds it (JSON), for the history's `_old`.
     pub old: Option<String>,
     /// Columns left out of `data` by an update (unchanged TOAST), as a JSON
     /// array, so a reader of the history can tell them from nulls.

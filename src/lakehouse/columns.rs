@@ -32,14 +32,23 @@ use super::typing::{Cell, TableShape};
 /// A change as its parts, borrowed from a [`TypedChange`].
 #[derive(Debug, Clone, Copy)]
 pub struct Change<'a> {
+    /// See [`TypedChange::op_name`].
     pub op_name: &'static str,
+    /// See [`TypedChange::op`].
     pub op: ChangeOp,
+    /// See [`TypedChange::seq`].
     pub seq: u64,
+    /// See [`TypedChange::lsn`].
     pub lsn: &'a str,
+    /// See [`TypedChange::key`].
     pub key: Option<&'a str>,
+    /// See [`TypedChange::old_key`].
     pub old_key: Option<&'a str>,
+    /// See [`TypedChange::cells`].
     pub cells: &'a [Cell],
+    /// See [`TypedChange::old`].
     pub old: Option<&'a str>,
+    /// See [`TypedChange::unchanged`].
     pub unchanged: Option<&'a str>,
 }
 
@@ -218,17 +227,21 @@ pub struct ChangeBatch {
     /// For the spool: each change's op (`change::op_code`), the key it had
     /// before, and the bitmap of the columns it left out.
     pub ops: ArrayRef,
+    /// Each change's key before it (for a move or a delete).
     pub old_keys: ArrayRef,
+    /// Each change's bitmap of left-out columns.
     pub absent: ArrayRef,
     /// What the spool counts of these changes (of a table with a key).
     pub counts: Counts,
 }
 
 impl ChangeBatch {
+    /// The changes in the batch.
     pub fn len(&self) -> usize {
         self.ops.len()
     }
 
+    /// Whether the batch holds no change.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -302,7 +315,9 @@ pub fn change_batch<R: Borrow<TypedChange>>(shape: &TableShape, changes: &[R]) -
 /// Where `_seq`, `_lsn` and `_key` are among the history's columns, after
 /// the data columns and `_op` (see `history::history_schema`).
 pub const SEQ: usize = 1;
+/// `_lsn`'s position (see [`SEQ`]).
 pub const LSN: usize = 2;
+/// `_key`'s position (see [`SEQ`]).
 pub const KEY: usize = 3;
 
 /// What the spool counts of a table's changes (see [`Counts::add`]): the

@@ -147,6 +147,7 @@ pub struct Published {
     /// The snapshot as delta-rs loaded it, which the next commit is made
     /// against (so a concurrent commit is detected).
     pub(crate) table: DeltaTable,
+    /// Where the table is.
     pub url: Url,
     /// The table's Delta version.
     pub version: u64,
@@ -177,7 +178,9 @@ impl std::fmt::Debug for Published {
 pub struct DataFile {
     /// Relative to the table's folder, e.g. `date=2026-12-02/5-9-ab12cd34.parquet`.
     pub path: String,
+    /// Its size in bytes.
     pub size: u64,
+    /// The rows it holds.
     pub rows: u64,
     /// The history's `date` partition (`YYYY-MM-DD`).
     pub date: Option<String>,

@@ -94,6 +94,7 @@ pub struct Shapes {
 }
 
 impl Shapes {
+    /// The shapes of a run's (or a query's) tables, by index.
     pub fn new(shapes: impl IntoIterator<Item = Arc<TableShape>>) -> Shapes {
         let list: Vec<Arc<TableShape>> = shapes.into_iter().collect();
         let by_name = list
@@ -147,6 +148,7 @@ impl Shapes {
         self.list.len()
     }
 
+    /// Whether there is no table.
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
     }
@@ -165,6 +167,7 @@ impl std::ops::Index<&str> for Shapes {
 
 /// What the single pass over a line found.
 pub struct FastLine<'s> {
+    /// The op, as the line names it.
     pub op: Option<CompactString>,
     /// Whether the line named its table.
     pub table: bool,
@@ -173,8 +176,11 @@ pub struct FastLine<'s> {
     /// The row of `data` (`Err`: a value that does not fit its column,
     /// reported once the line is read).
     pub data: Option<Result<Row, String>>,
+    /// The old row, when the line has one.
     pub old: Option<Map<String, Value>>,
+    /// The line's seq.
     pub seq: Option<u64>,
+    /// The commit LSN.
     pub lsn: Option<CompactString>,
     /// The vector for the cells, when `data` did not take it.
     pub spare: Vec<Cell>,
@@ -182,6 +188,8 @@ pub struct FastLine<'s> {
 
 /// `data` as cells, with the row's key as [`key_json`] gives it.
 pub struct Row {
+    /// One cell per shape column.
     pub cells: Vec<Cell>,
+    /// The row's key as JSON; `None` for a table without key.
     pub key: Option<CompactString>,
 }

@@ -16,11 +16,15 @@ use crate::{Error, Result};
 /// What the bucket merges of one table read: the previous generation and
 /// the run's spool. Shared by the merges running at once.
 pub struct MergeInput {
+    /// The session the previous generation's files are read with.
     pub ctx: SessionContext,
+    /// The table merged.
     pub shape: Arc<TableShape>,
     /// The previous generation's files and its bucket count.
     pub previous: Vec<String>,
+    /// The bucket count of the previous generation.
     pub previous_buckets: u32,
+    /// The run's spool, finished.
     pub spool: Arc<Spool>,
     /// The bucket count of this merge (a multiple of `previous_buckets`).
     pub buckets: u32,

@@ -70,6 +70,7 @@ impl Row {
 
 /// A table's latest rows, being merged.
 pub struct LatestView {
+    /// The table the view holds rows of.
     pub shape: Arc<TableShape>,
     pub(super) sources: Vec<Source>,
     pub(super) rows: HashMap<CompactString, Row, foldhash::fast::RandomState>,
@@ -345,10 +346,12 @@ impl LatestView {
         self.rows.get(key).map(|r| self.cells(r))
     }
 
+    /// The rows (keys) the view holds.
     pub fn len(&self) -> usize {
         self.rows.len()
     }
 
+    /// Whether the view holds no row.
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }
@@ -462,8 +465,11 @@ impl LatestView {
 /// A Parquet file a run wrote: its key under the prefix, bytes and rows.
 #[derive(Debug, Clone)]
 pub struct WrittenFile {
+    /// Its key in the store.
     pub key: String,
+    /// Its size in bytes.
     pub bytes: u64,
+    /// The rows it holds.
     pub rows: u64,
 }
 
@@ -478,12 +484,17 @@ impl WrittenFile {
 /// Where and how a run writes its new latest generation.
 #[derive(Clone)]
 pub struct LatestTarget {
+    /// Where the files go.
     pub output: Output,
+    /// The archive's prefix in the store.
     pub prefix: Option<String>,
     /// Unique to the run (`<last seq>.<run id>`): a run never writes over
     /// a file a snapshot names, even one another run is committing.
     pub generation: String,
+    /// The properties of every file compact writes (see
+    /// [`crate::compact::parquet_file::writer_properties`]).
     pub props: WriterProperties,
+    /// A bucket's rows go to files of about this many bytes.
     pub file_bytes: u64,
 }
 

@@ -38,7 +38,7 @@
 //! writer ([`Spool::push_rows`]): [`change_rows`] takes them from the
 //! Arrow batch the parse built (`columns::ChangeBatch`: the history's
 //! columns, the op, the old key and the left-out columns) for a buffer of
-//! 8,192 changes or more, and orders them by partition ([`round::partition_rows`])
+//! 8,192 changes or more, and orders them by partition (`round::partition_rows`)
 //! on the writer's encoding task; a round's file takes a slice of each buffer's
 //! rows per partition. So a change is not held until its round is
 //! written: holding it a round long and converting it again from
@@ -105,12 +105,14 @@ fn held_bytes(change: &TypedChange) -> usize {
 
 /// One table's spool.
 pub struct TableSpool {
+    /// The table spooled.
     pub shape: Arc<TableShape>,
     schema: SchemaRef,
     id: usize,
     buffers: Vec<Vec<Step>>,
     /// The table's file of each round it had changes in, in round order.
     files: Vec<PathBuf>,
+    /// What the table's changes were (upserts, moves, their bytes).
     pub counts: Counts,
     /// The net change of each key changed since the table's last round or
     /// barrier (a move or a truncate), not yet buffered.

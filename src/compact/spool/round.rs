@@ -59,14 +59,19 @@ pub enum Step {
     /// key). `carry`: that update left columns out, so the row's values are
     /// needed where `to` is merged.
     MoveOut {
+        /// The update's seq.
         seq: u64,
+        /// The key the row had.
         from: String,
+        /// The key it moved to.
         to: String,
+        /// Whether its values are needed at `to`.
         carry: bool,
     },
 }
 
 impl Step {
+    /// The seq of the change the step stands for.
     pub fn seq(&self) -> u64 {
         match self {
             Step::Change(c) => c.seq,
@@ -140,7 +145,10 @@ pub enum Role {
     Change(ChangeOp),
     /// The row under [`Spooled::key`] moved to [`Spooled::old_key`];
     /// `carry`: its values are needed there.
-    MoveOut { carry: bool },
+    MoveOut {
+        /// Whether the row's values are needed at the new key.
+        carry: bool,
+    },
 }
 
 /// One partition's spooled rows of a round, read back: the merge takes
@@ -176,18 +184,22 @@ impl Spooled {
         })
     }
 
+    /// The rows.
     pub fn len(&self) -> usize {
         self.batch.num_rows()
     }
 
+    /// Whether there is no row.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// The seq of row `i`.
     pub fn seq(&self, i: usize) -> u64 {
         self.seqs.value(i) as u64
     }
 
+    /// What row `i` does.
     pub fn role(&self, i: usize) -> Role {
         if self.roles.value(i) == ROLE_MOVE_OUT {
             return Role::MoveOut {
@@ -201,10 +213,12 @@ impl Spooled {
         })
     }
 
+    /// The key of row `i` (`None` for a truncate).
     pub fn key(&self, i: usize) -> Option<&str> {
         (!self.keys.is_null(i)).then(|| self.keys.value(i))
     }
 
+    /// The key row `i` had before (a change) or moved to (a move-out).
     pub fn old_key(&self, i: usize) -> Option<&str> {
         (!self.old_keys.is_null(i)).then(|| self.old_keys.value(i))
     }
@@ -235,7 +249,7 @@ impl Spooled {
 /// Writes one round of a table: batch `p` of the file holds partition `p`
 /// (the rows pushed one by one, then those that came in batches: a round
 /// has both when its table stopped combining within it, see
-/// [`TableSpool::rows_from`]).
+/// [`super::TableSpool::rows_from`]).
 pub(super) fn write_round(
     shape: &TableShape,
     schema: &SchemaRef,
@@ -320,7 +334,7 @@ impl ChangeRows {
 /// `rows` (a buffer's changes, in seq order) ordered by partition, each
 /// partition in seq order: a truncate goes to every partition, a move also
 /// leaves a [`Step::MoveOut`] under the old key (after the change, as
-/// [`Spool::push`] buffers them).
+/// [`super::Spool::push`] buffers them).
 fn partition_rows(shape: &TableShape, schema: &SchemaRef, rows: RecordBatch) -> Result<ChangeRows> {
     let mut picks: Vec<Vec<(usize, usize)>> = vec![Vec::new(); PARTITIONS as usize];
     let mut moves = Vec::new();
@@ -430,7 +444,7 @@ fn steps_batch(shape: &TableShape, schema: &SchemaRef, steps: &[Step]) -> Result
 /// The spool's rows of a table's changes (in seq order, as the parse
 /// built them): the data, seq, LSN and key columns are the history's
 /// arrays; built on the history writer's encoding task (see
-/// [`Spool::push_rows`]).
+/// [`super::Spool::push_rows`]).
 pub fn change_rows(
     shape: &TableShape,
     schema: &SchemaRef,

@@ -20,12 +20,19 @@ use crate::archive::envelope::Op;
 /// One envelope line as written by `waltail run`.
 #[derive(Debug, Deserialize)]
 pub struct Envelope {
+    /// `insert`, `update`, `delete`, `truncate` or `read`.
     pub op: String,
+    /// `schema.table`.
     pub table: String,
+    /// The row after the change.
     pub data: Option<Map<String, Value>>,
+    /// The row (or its key) before it.
     pub old: Option<Map<String, Value>>,
+    /// The change's seq.
     pub seq: u64,
+    /// `<pipeline>:<seq>`.
     pub idempotency_key: String,
+    /// The commit LSN, as `X/X`.
     pub commit_lsn: String,
 }
 
@@ -81,6 +88,7 @@ pub fn type_change(shape: &TableShape, env: Envelope) -> Result<TypedChange, Str
 /// One archive line typed in a single pass by [`type_line`].
 #[derive(Debug)]
 pub struct Line {
+    /// The line's seq.
     pub seq: u64,
     /// The table's index in the [`Shapes`] given and the typed change;
     /// `None` for a table not in them.
@@ -92,6 +100,7 @@ pub struct Line {
 pub struct TableChanges {
     /// The table's index in the [`Shapes`].
     pub table: usize,
+    /// The changes as the history's columns.
     pub batch: ChangeBatch,
     /// The same changes as typed rows, when the table's spool combined its
     /// changes as the object was read ([`Shapes::combines`]).
@@ -175,6 +184,7 @@ impl<'s> ObjectReader<'s> {
         }
     }
 
+    /// The object's changes, by table.
     pub fn finish(self) -> ObjectChanges {
         let tables = self
             .tables

@@ -27,20 +27,30 @@ pub fn build_array<'a>(kind: Kind, cells: impl Iterator<Item = &'a Cell>) -> Arr
 /// builds the history's columns as it parses, so a change is not held as
 /// cells until a buffer of them is converted.
 pub enum ColumnBuilder {
+    /// int2.
     Int16(Int16Builder),
+    /// int4.
     Int32(Int32Builder),
+    /// int8 and oid.
     Int64(Int64Builder),
+    /// float4.
     Float32(Float32Builder),
+    /// float8.
     Float64(Float64Builder),
+    /// bool.
     Bool(BooleanBuilder),
+    /// numeric, with its precision and scale.
     Decimal(Decimal128Builder, u8, i8),
+    /// date.
     Date(Date32Builder),
     /// With the timezone (UTC) of a timestamptz.
     Timestamp(TimestampMicrosecondBuilder, bool),
+    /// Text and JSON text.
     Text(StringBuilder),
 }
 
 impl ColumnBuilder {
+    /// A builder for `capacity` cells of `kind`.
     pub fn new(kind: Kind, capacity: usize) -> ColumnBuilder {
         match kind {
             Kind::Int16 => ColumnBuilder::Int16(Int16Builder::with_capacity(capacity)),

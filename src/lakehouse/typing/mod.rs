@@ -27,18 +27,30 @@ use crate::archive::schema::SchemaRecord;
 /// The Parquet/Arrow type a column is written as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Kind {
+    /// int2.
     Int16,
+    /// int4.
     Int32,
+    /// int8 and oid.
     Int64,
+    /// float4.
     Float32,
+    /// float8.
     Float64,
+    /// bool.
     Bool,
+    /// numeric(p,s) with p <= 38.
     Decimal {
+        /// Digits in all.
         precision: u8,
+        /// Digits after the point.
         scale: i8,
     },
+    /// date: days since 1970-01-01.
     Date,
+    /// timestamp: microseconds, no time zone.
     Timestamp,
+    /// timestamptz: microseconds, UTC.
     TimestampTz,
     /// Strings as they are; numbers and booleans as their JSON text.
     Text,
@@ -79,6 +91,7 @@ impl Kind {
         }
     }
 
+    /// The Arrow type of the column.
     pub fn data_type(self) -> DataType {
         match self {
             Kind::Int16 => DataType::Int16,
@@ -172,7 +185,9 @@ impl Kind {
 /// A column of a compacted table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Column {
+    /// As in Postgres.
     pub name: String,
+    /// The type it is written as.
     pub kind: Kind,
 }
 
@@ -181,6 +196,7 @@ pub struct Column {
 pub struct TableShape {
     /// `schema.table` as the archive names it.
     pub table: String,
+    /// Every column any recorded shape had, in the order they came.
     pub columns: Vec<Column>,
     /// Indexes of the key (replica identity) columns of the newest shape,
     /// in the order of their names (the order of a row key's JSON, see
@@ -255,6 +271,7 @@ impl TableShape {
             .unwrap_or(("public", &self.table))
     }
 
+    /// The index of the column `name`.
     pub fn column(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|c| c.name == name)
     }
@@ -264,11 +281,15 @@ impl TableShape {
 /// TOAST): written as null in the history, carried forward in the latest view.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Cell {
+    /// Left out by the change (unchanged TOAST).
     Absent,
+    /// SQL NULL.
     Null,
     /// Integers, days since 1970 (dates) and microseconds (timestamps).
     Int(i64),
+    /// float4 and float8, NaN and infinities included.
     Float(f64),
+    /// A boolean.
     Bool(bool),
     /// A decimal's unscaled value.
     Dec(i128),
