@@ -97,10 +97,7 @@ pub(crate) async fn rewrite_history(
                 };
                 let (rows, size) = copy(output, source, &from, key.clone(), schema, props).await?;
                 Ok(DataFile {
-                    path: key
-                        .strip_prefix(&format!("{dir}/"))
-                        .unwrap_or(&key)
-                        .to_string(),
+                    path: layout::relative(dir, &key)?,
                     size,
                     rows,
                     date: Some(date),

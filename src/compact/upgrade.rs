@@ -30,7 +30,7 @@ use crate::archive::schema::SchemaRecord;
 use crate::error::ErrorKind;
 use crate::lakehouse::compacted::{UNREADABLE_FIX, date_txns, history_first_seq, table_folder};
 use crate::lakehouse::delta::{self, DataFile, Location, Role};
-use crate::lakehouse::layout::table_dir;
+use crate::lakehouse::layout::{partition_date, relative, table_dir};
 use crate::lakehouse::typing::{Column, TableShape};
 use crate::{Error, Result};
 
@@ -226,10 +226,7 @@ async fn upgrade_table(
                 path: path.to_string(),
                 size: meta.size,
                 rows: rows(store, &meta).await?,
-                date: path
-                    .split('/')
-                    .find_map(|p| p.strip_prefix("date="))
-                    .map(str::to_string),
+                date: partition_date(path),
             });
         }
         let txns = date_txns(&app, entry.next_date.as_deref());
@@ -261,11 +258,8 @@ async fn upgrade_table(
                 .head(&path)
                 .await
                 .map_err(|e| Error::store("HEAD", key.clone(), e))?;
-            let relative = key
-                .strip_prefix(&format!("{root}/"))
-                .ok_or_else(|| Error::bug(format!("{key} is not in {root}")))?;
             adds.push(DataFile {
-                path: relative.to_string(),
+                path: relative(&root, key)?,
                 size: meta.size,
                 rows: rows(store, &meta).await?,
                 date: None,

@@ -164,7 +164,7 @@ async fn write_history(
             summary.history_files += 1;
             summary.history_bytes += bytes;
             adds.entry(table).or_default().push(DataFile {
-                path: relative(&dir, &key)?,
+                path: layout::relative(&dir, &key)?,
                 size: bytes,
                 rows,
                 date: Some(file.date.clone()),
@@ -252,7 +252,7 @@ async fn write_latest(
             .iter()
             .map(|f| {
                 Ok(DataFile {
-                    path: relative(&dir, &f.key)?,
+                    path: layout::relative(&dir, &f.key)?,
                     size: f.bytes,
                     rows: f.rows,
                     date: None,
@@ -329,14 +329,6 @@ fn bucket_count(
         .div_ceil(merge_bytes.max(1))
         .clamp(1, MAX_BUCKETS as u64) as u32;
     wanted.next_power_of_two().max(entry.bucket_count())
-}
-
-/// `key` relative to the table folder `dir` (both under the prefix).
-fn relative(dir: &str, key: &str) -> Result<String> {
-    key.strip_prefix(dir)
-        .and_then(|k| k.strip_prefix('/'))
-        .map(str::to_string)
-        .ok_or_else(|| Error::bug(format!("{key} is not in {dir}")))
 }
 
 /// The read's progress on stderr, when it is a terminal.

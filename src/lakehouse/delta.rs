@@ -26,6 +26,7 @@ use deltalake_core::{DeltaTable, DeltaTableError};
 use object_store::ObjectStore;
 use url::Url;
 
+use super::layout::partition_date;
 use super::typing::{Column, Kind, TableShape};
 use crate::config::DestinationConfig;
 use crate::{Error, Result};
@@ -313,13 +314,6 @@ async fn published(table: DeltaTable, url: Url, app_id: &str) -> Result<Publishe
         files,
         table,
     })
-}
-
-/// The `date` partition a history file's path names.
-fn partition_date(path: &str) -> Option<String> {
-    path.split('/')
-        .find_map(|p| p.strip_prefix("date="))
-        .map(str::to_string)
 }
 
 /// The Delta schema of a role's table: its Arrow columns as Delta types

@@ -15,6 +15,23 @@ use super::change::TypedChange;
 use super::columns::change_batch;
 use super::typing::TableShape;
 use crate::archive::key::key_segment;
+use crate::{Error, Result};
+
+/// `key` relative to the table folder `dir` (both under the prefix), as
+/// a Delta log names its files.
+pub(crate) fn relative(dir: &str, key: &str) -> Result<String> {
+    key.strip_prefix(dir)
+        .and_then(|k| k.strip_prefix('/'))
+        .map(str::to_string)
+        .ok_or_else(|| Error::bug(format!("{key} is not in {dir}")))
+}
+
+/// The `date` partition a history file's path names.
+pub(crate) fn partition_date(path: &str) -> Option<String> {
+    path.split('/')
+        .find_map(|p| p.strip_prefix("date="))
+        .map(str::to_string)
+}
 
 /// `[prefix/]<root>/<schema>/<table>`, names encoded as schema records' are.
 pub fn table_dir(prefix: Option<&str>, root: &str, shape: &TableShape) -> String {
