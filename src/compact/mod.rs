@@ -72,6 +72,7 @@ pub struct Options {
 /// before it commits them).
 pub const UNNAMED_AFTER: Duration = Duration::from_secs(86_400);
 
+/// Compacts what is new in the archive (see the module doc). Runs on
 /// different tables go on side by side; of two on the same table, the
 /// second to commit stops and says so (see [`commit::commit`]).
 pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {

@@ -39,7 +39,7 @@ pub struct Summary {
     pub vacuumed: usize,
     /// History files written again in a column's wider type (see [`super::rewrite`]).
     pub rewritten: usize,
-    /// Delta commits written, and the time they took.
+    /// Delta commits written.
     pub commits: usize,
     /// The time the commits took.
     pub commit_time: Duration,
