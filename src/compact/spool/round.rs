@@ -303,7 +303,7 @@ impl ChangeRows {
         seqs.values().iter().map(|&s| s as u64).collect()
     }
 
-    pub(super) fn partition(&self, p: usize) -> RecordBatch {
+    fn partition(&self, p: usize) -> RecordBatch {
         let (from, to) = (self.offsets[p], self.offsets[p + 1]);
         self.batch.slice(from, to - from)
     }
@@ -466,10 +466,7 @@ pub fn change_rows(
 }
 
 /// The batches of the round file `path`'s `partitions`.
-pub(super) fn read_partitions(
-    path: &Path,
-    partitions: impl Iterator<Item = u32>,
-) -> Result<Vec<RecordBatch>> {
+fn read_partitions(path: &Path, partitions: impl Iterator<Item = u32>) -> Result<Vec<RecordBatch>> {
     let file =
         File::open(path).map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
     let mut reader = FileReader::try_new(BufReader::new(file), None).map_err(spool_error)?;
