@@ -972,3 +972,128 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
     reader.join().unwrap();
     assert!(status.success(), "{}", seen.lock().unwrap());
 }
+
+/// One `waltail query` keeps the Delta log entries it read in the state
+/// folder for the next: an unchanged archive is answered without reading a
+/// log; a compaction since, or a table's folders deleted and compacted
+/// again up to the very same log versions, makes the next query read the
+/// logs afresh and answer from the new files.
+#[test]
+fn a_query_keeps_the_delta_logs_it_read_for_the_next_and_never_a_stale_one() {
+    let root = tempfile::tempdir().unwrap();
+    let schema = json!({"table": "public.t", "version": 1, "replica_identity": "default", "columns": [
+        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
+        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false}]});
+    let dir = root.path().join("_schemas/public.t");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("1.json"), schema.to_string()).unwrap();
+    let state = root.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let env: [(&str, std::path::PathBuf); 7] = [
+        ("WALTAIL_PIPELINE", "p".into()),
+        (
+            "WALTAIL_SOURCE_URL",
+            "postgres://nobody@127.0.0.1:1/none".into(),
+        ),
+        ("WALTAIL_SOURCE_TABLES", "public.t".into()),
+        ("WALTAIL_DESTINATION_TYPE", "file".into()),
+        ("WALTAIL_DESTINATION_PATH", root.path().to_path_buf()),
+        ("WALTAIL_STATE_DIR", state.clone()),
+        ("WALTAIL_LOG", "waltail=debug".into()),
+    ];
+    let run = |args: &[&str]| -> (String, String) {
+        let out = Command::new(bin())
+            .args(args)
+            .envs(env.clone())
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        );
+        assert!(out.status.success(), "{args:?}:\n{stdout}\n{stderr}");
+        (stdout, stderr)
+    };
+    let count = || {
+        run(&[
+            "query",
+            "--format",
+            "csv",
+            "SELECT count(*) AS rows, sum(n) AS total FROM public.t",
+        ])
+    };
+    let logs_read = |stderr: &str| -> usize {
+        let line = stderr
+            .lines()
+            .find(|l| l.contains("snapshot of the archive taken"))
+            .unwrap_or_else(|| panic!("no snapshot line:\n{stderr}"));
+        let n = line.split("logs_read=").nth(1).unwrap();
+        n.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let kept = state.join("p.query.json");
+
+    write_inserts(root.path(), 1..=2);
+    run(&["compact"]);
+    let (out, err) = count();
+    assert_eq!(out, "rows,total\n2,30\n");
+    assert_eq!(logs_read(&err), 1, "nothing kept yet:\n{err}");
+    assert!(kept.exists(), "the entries are kept in {}", kept.display());
+    // Unchanged: the kept entry answers, no log is read.
+    let (out, err) = count();
+    assert_eq!(out, "rows,total\n2,30\n");
+    assert_eq!(logs_read(&err), 0, "{err}");
+
+    // A compaction since: the logs moved on and are read again.
+    write_inserts(root.path(), 3..=3);
+    run(&["compact"]);
+    let (out, err) = count();
+    assert_eq!(out, "rows,total\n3,60\n");
+    assert_eq!(logs_read(&err), 1, "{err}");
+    let versions = |role: &str| -> Vec<String> {
+        let mut v: Vec<String> =
+            std::fs::read_dir(root.path().join(role).join("public/t/_delta_log"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+                .filter(|n| n.ends_with(".json"))
+                .collect();
+        v.sort();
+        v
+    };
+    let before = (versions("parquet"), versions("latest"));
+
+    // The table's folders deleted and compacted again, in as many runs:
+    // the same log versions, other commit files. The kept entry names
+    // files that are gone; it must not be used.
+    std::fs::remove_dir_all(root.path().join("parquet")).unwrap();
+    std::fs::remove_dir_all(root.path().join("latest")).unwrap();
+    for f in std::fs::read_dir(root.path().join("2026/12/04")).unwrap() {
+        std::fs::remove_file(f.unwrap().path()).unwrap();
+    }
+    write_inserts(root.path(), 1..=3);
+    run(&["compact"]);
+    write_inserts(root.path(), 4..=4);
+    run(&["compact"]);
+    assert_eq!(
+        (versions("parquet"), versions("latest")),
+        before,
+        "the same versions again"
+    );
+    let (out, err) = count();
+    assert_eq!(out, "rows,total\n4,100\n", "{err}");
+    assert_eq!(logs_read(&err), 1, "{err}");
+    let (out, err) = count();
+    assert_eq!(out, "rows,total\n4,100\n");
+    assert_eq!(logs_read(&err), 0, "{err}");
+
+    // A damaged file is ignored and replaced.
+    std::fs::write(&kept, b"{").unwrap();
+    let (out, err) = count();
+    assert_eq!(out, "rows,total\n4,100\n");
+    assert_eq!(logs_read(&err), 1, "{err}");
+    let (_, err) = count();
+    assert_eq!(logs_read(&err), 0, "{err}");
+}

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
+use serde::{Deserialize, Serialize};
 
 use super::delta::{self, Location, Published, Role};
 use super::layout::table_dir;
@@ -17,8 +18,10 @@ use crate::{Error, Result};
 /// What to do when a file a table's log lists cannot be read.
 pub(crate) const UNREADABLE_FIX: &str = "the files a table's Delta log lists must stay in the store: restore them (from the store's versioning or a backup), or delete the table's folders under parquet/ and latest/ to compact it again from the archive";
 
-/// One compacted table, as a run or a query needs it.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// One compacted table, as a run or a query needs it. A query keeps it
+/// between statements and, in the state folder, between processes (see
+/// `query::known`), for as long as [`logs_moved`] says its logs have not.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct TableEntry {
     /// Every change of the table with a lower seq is compacted.
     pub next_seq: u64,
@@ -41,10 +44,24 @@ pub(crate) struct TableEntry {
     pub history_rows: u64,
     /// The history's files (keys under the prefix) below `next_seq`.
     pub history: Vec<String>,
-    /// The Delta versions read, of the history and of the latest view
-    /// (`None`: no log yet), so a reader can tell whether a log has moved
-    /// on since (see [`log_moved`]).
-    pub versions: [Option<u64>; 2],
+    /// The commits read, of the history and of the latest view (`None`:
+    /// no log yet), so a reader can tell whether a log has moved on since
+    /// (see [`logs_moved`]).
+    pub logs: [Option<LogMark>; 2],
+    /// Whether the table had a key when this was read: which log's seq is
+    /// the next seq depends on it (see [`Compacted::next_seq`]).
+    pub keyed: bool,
+}
+
+/// The commit a Delta log was read at: its version and, once looked up
+/// (see [`mark_logs`]), the commit file's size and entity tag, which tell
+/// that file from one of the same version written since (a table's
+/// folders deleted and compacted again).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LogMark {
+    pub version: u64,
+    pub size: Option<u64>,
+    pub e_tag: Option<String>,
 }
 
 impl TableEntry {
@@ -197,38 +214,98 @@ impl Compacted {
             buckets: self.latest.as_ref().map_or(0, |l| l.buckets),
             history_rows: self.history.as_ref().map_or(0, Published::rows),
             history: history_files,
-            versions: [
-                self.history.as_ref().map(|h| h.version),
-                self.latest.as_ref().map(|l| l.version),
-            ],
+            logs: [&self.history, &self.latest].map(|p| {
+                p.as_ref().map(|p| LogMark {
+                    version: p.version,
+                    ..LogMark::default()
+                })
+            }),
+            keyed,
         }
     }
 }
 
-/// Whether either log of `shape`'s table has a version after `versions`
-/// (see [`TableEntry::versions`]; `[None, None]` for a table not compacted
-/// when they were read). Delta versions follow each other without gaps,
-/// so the next one's commit file either exists or no commit came since:
-/// one HEAD per log instead of reading it.
-pub(crate) async fn log_moved(
+/// Whether either log of `entry`'s table has moved on since it was read:
+/// a commit after the one read exists, or the one read is gone or is
+/// another file (see [`LogMark`]). Delta versions follow each other
+/// without gaps, so the next version's commit file either exists or no
+/// commit came since: one or two HEADs per log instead of reading it.
+pub(crate) async fn logs_moved(
     store: &dyn ObjectStore,
     prefix: Option<&str>,
     shape: &TableShape,
-    versions: [Option<u64>; 2],
+    entry: &TableEntry,
 ) -> Result<bool> {
-    for (role, version) in [Role::History, Role::Latest].into_iter().zip(versions) {
-        let next = version.map_or(0, |v| v + 1);
-        let key = ObjectPath::from(format!(
-            "{}/_delta_log/{next:020}.json",
-            table_dir(prefix, role.root(), shape)
-        ));
-        match store.head(&key).await {
-            Ok(_) => return Ok(true),
-            Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(Error::store("HEAD", key.to_string(), e)),
-        }
+    let checks = [Role::History, Role::Latest]
+        .into_iter()
+        .zip(&entry.logs)
+        .flat_map(|(role, mark)| {
+            let next = mark.as_ref().map_or(0, |m| m.version + 1);
+            let read = mark
+                .as_ref()
+                .filter(|m| m.is_whole())
+                .map(|m| (commit_key(prefix, role, shape, m.version), m));
+            [(commit_key(prefix, role, shape, next), None)]
+                .into_iter()
+                .chain(read.map(|(key, m)| (key, Some(m))))
+        })
+        .map(|(key, read)| async move {
+            match (store.head(&key).await, read) {
+                // The next commit: moved when it exists.
+                (Ok(_), None) => Ok(true),
+                (Err(object_store::Error::NotFound { .. }), None) => Ok(false),
+                // The commit read: moved when it is gone or another file.
+                (Ok(meta), Some(m)) => Ok(Some(meta.size) != m.size || meta.e_tag != m.e_tag),
+                (Err(object_store::Error::NotFound { .. }), Some(_)) => Ok(true),
+                (Err(e), _) => Err(Error::store("HEAD", key.to_string(), e)),
+            }
+        });
+    let moved = futures::future::try_join_all(checks).await?;
+    Ok(moved.into_iter().any(|m| m))
+}
+
+/// Looks up the size and entity tag of the commits `entry` was read at
+/// (see [`LogMark`]). A commit file not found leaves its mark without
+/// them, and [`LogMark::is_whole`] false.
+pub(crate) async fn mark_logs(
+    store: &dyn ObjectStore,
+    prefix: Option<&str>,
+    shape: &TableShape,
+    entry: &mut TableEntry,
+) -> Result<()> {
+    let heads = [Role::History, Role::Latest]
+        .into_iter()
+        .zip(&mut entry.logs)
+        .filter_map(|(role, mark)| mark.as_mut().map(|m| (role, m)))
+        .map(|(role, mark)| async move {
+            let key = commit_key(prefix, role, shape, mark.version);
+            match store.head(&key).await {
+                Ok(meta) => {
+                    mark.size = Some(meta.size);
+                    mark.e_tag = meta.e_tag;
+                    Ok(())
+                }
+                Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(Error::store("HEAD", key.to_string(), e)),
+            }
+        });
+    futures::future::try_join_all(heads).await?;
+    Ok(())
+}
+
+impl LogMark {
+    /// Whether the commit file's size was looked up (see [`mark_logs`]).
+    pub(crate) fn is_whole(&self) -> bool {
+        self.size.is_some()
     }
-    Ok(false)
+}
+
+/// The commit file of `version` in a log of `shape`'s table.
+fn commit_key(prefix: Option<&str>, role: Role, shape: &TableShape, version: u64) -> ObjectPath {
+    ObjectPath::from(format!(
+        "{}/_delta_log/{version:020}.json",
+        table_dir(prefix, role.root(), shape)
+    ))
 }
 
 /// Where the NDJSON after every one of `tables` continues, if their Delta

@@ -116,6 +116,11 @@ impl Location {
         }
     }
 
+    /// The archive root's URL (bucket and prefix, or folder).
+    pub fn url(&self) -> &Url {
+        &self.base
+    }
+
     /// The URL of the table of `shape` in `role`, ending in `/`.
     pub fn table_url(&self, role: Role, dir: &str) -> Result<Url> {
         self.base

@@ -87,17 +87,19 @@ pub(crate) struct Archive {
 }
 
 impl Archive {
-    /// Takes a snapshot of the archive, placed at `at`. With the snapshot
-    /// `previous` took (the prompt's last), a table whose shape is the same
-    /// and whose Delta logs have no newer commit keeps the entry read then
-    /// (see [`compacted::log_moved`]) rather than reading its logs again.
+    /// Takes a snapshot of the archive, placed at `at`. With `previous`,
+    /// the entries of an earlier snapshot of the same archive (the prompt's
+    /// last statement's, or the last query's, see [`super::known`]), a
+    /// table that had an entry for the same key and whose Delta logs have
+    /// not moved on keeps it (see [`compacted::logs_moved`]) rather than
+    /// reading its logs again.
     pub(crate) async fn load(
         store: Arc<dyn ObjectStore>,
         loc: &Location,
         prefix: Option<&str>,
         pipeline: &str,
         at: Option<&At>,
-        previous: Option<&Archive>,
+        previous: Option<&BTreeMap<String, TableEntry>>,
     ) -> Result<Archive> {
         let started = std::time::Instant::now();
         let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
@@ -113,15 +115,15 @@ impl Archive {
             .collect();
         // The logs are read after the schema records: a table's compacted
         // columns are among the records the run read.
-        let compacted = match previous {
-            Some(previous) if previous.prefix.as_deref() == prefix => {
-                compacted_since(store.as_ref(), loc, pipeline, prefix, &shapes, previous).await?
-            }
-            _ => {
-                compacted::entries(loc, pipeline, prefix, shapes.values().map(|s| s.as_ref()))
-                    .await?
-            }
-        };
+        let (compacted, logs_read) = compacted_since(
+            store.as_ref(),
+            loc,
+            pipeline,
+            prefix,
+            &shapes,
+            previous.unwrap_or(&BTreeMap::new()),
+        )
+        .await?;
         let read_logs = started.elapsed();
         // A time is placed among every object's write time; otherwise the
         // tables' tails need the objects from where compaction stopped.
@@ -133,6 +135,7 @@ impl Archive {
         tracing::debug!(
             schemas_ms = read_schemas.as_secs_f64() * 1e3,
             delta_logs_ms = (read_logs - read_schemas).as_secs_f64() * 1e3,
+            logs_read,
             listing_ms = (started.elapsed() - read_logs).as_secs_f64() * 1e3,
             objects = objects.len(),
             "snapshot of the archive taken"
@@ -244,38 +247,50 @@ impl Archive {
     }
 }
 
-/// The compacted tables as [`compacted::entries`] reads them, but keeping
-/// `previous`'s entry of each table whose shape is the same and whose logs
-/// have not moved on.
+/// The compacted tables as [`compacted::entries`] reads them, each with
+/// its commits looked up (see [`compacted::mark_logs`]), but keeping
+/// `previous`'s entry of each table whose key is the same and whose logs
+/// have not moved on; with the number of tables whose logs were read. A
+/// table `previous` has no entry for is read: a HEAD of its first commit
+/// could not tell a table never compacted from one whose early commits
+/// the log's clean-up removed.
 async fn compacted_since(
     store: &dyn ObjectStore,
     loc: &Location,
     pipeline: &str,
     prefix: Option<&str>,
     shapes: &BTreeMap<String, Arc<TableShape>>,
-    previous: &Archive,
-) -> Result<BTreeMap<String, TableEntry>> {
+    previous: &BTreeMap<String, TableEntry>,
+) -> Result<(BTreeMap<String, TableEntry>, usize)> {
     let checks = shapes.values().map(|shape| async move {
-        let before = previous.compacted.get(&shape.table);
-        let moved = previous.shapes.get(&shape.table) != Some(shape)
-            || compacted::log_moved(
-                store,
-                prefix,
-                shape,
-                before.map_or([None, None], |e| e.versions),
-            )
-            .await?;
-        Ok::<_, Error>((shape.as_ref(), moved, before))
+        let keyed = !shape.key.is_empty();
+        let kept = match previous.get(&shape.table) {
+            Some(e) if e.keyed == keyed => {
+                (!compacted::logs_moved(store, prefix, shape, e).await?).then(|| e.clone())
+            }
+            _ => None,
+        };
+        Ok::<_, Error>((shape, kept))
     });
     let checked = futures::future::try_join_all(checks).await?;
-    let moved = checked.iter().filter(|c| c.1).map(|c| c.0);
-    let mut entries = compacted::entries(loc, pipeline, prefix, moved).await?;
-    for (shape, moved, before) in checked {
-        if let (false, Some(entry)) = (moved, before) {
-            entries.insert(shape.table.clone(), entry.clone());
+    let read: Vec<&TableShape> = checked
+        .iter()
+        .filter(|c| c.1.is_none())
+        .map(|c| c.0.as_ref())
+        .collect();
+    let logs_read = read.len();
+    let mut entries = compacted::entries(loc, pipeline, prefix, read).await?;
+    let marks = entries.iter_mut().map(|(table, entry)| {
+        let shape = &shapes[table];
+        compacted::mark_logs(store, prefix, shape, entry)
+    });
+    futures::future::try_join_all(marks).await?;
+    for (shape, kept) in checked {
+        if let Some(entry) = kept {
+            entries.insert(shape.table.clone(), entry);
         }
     }
-    Ok(entries)
+    Ok((entries, logs_read))
 }
 
 /// The archive's NDJSON objects, by first seq then write time, each with

@@ -20,6 +20,7 @@
 //! repeated at the prompt costs its snapshot and its scan, not the build.
 
 pub(crate) mod catalog;
+mod known;
 pub(crate) mod merge;
 pub(crate) mod output;
 pub(crate) mod providers;
@@ -39,6 +40,7 @@ use datafusion::sql::parser::DFParserBuilder;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
 use self::catalog::{Archive, At};
+use self::known::Known;
 use self::output::{Format, Written};
 use crate::config::Config;
 use crate::lakehouse::delta::Location;
@@ -72,6 +74,8 @@ pub(crate) struct Query {
     /// The session of every statement and the snapshot its tables were
     /// built from (see the module doc).
     session: tokio::sync::Mutex<Option<(SessionContext, Arc<Archive>)>>,
+    /// The entries kept for the next query (see [`known`]).
+    known: Known,
 }
 
 /// Where a statement's time went, for `--timing`.
@@ -97,8 +101,10 @@ impl Query {
             config.delivery.request_timeout,
             crate::lakehouse::store_retry(),
         )?;
+        let loc = Location::new(&config.destination, sink.store())?;
         Ok(Query {
-            loc: Location::new(&config.destination, sink.store())?,
+            known: Known::new(&config.state_dir, &config.pipeline, loc.url()),
+            loc,
             sink,
             pipeline: config.pipeline.clone(),
             at,
@@ -114,15 +120,27 @@ impl Query {
     async fn session(&self, phases: &mut Phases) -> Result<(SessionContext, Arc<Archive>)> {
         let started = Instant::now();
         let mut kept = self.session.lock().await;
+        // The last statement's entries, or at the first the last query's.
+        let on_disk;
+        let previous = match kept.as_ref() {
+            Some((_, last)) => Some(&last.compacted),
+            None => {
+                on_disk = self.known.read();
+                on_disk.as_ref()
+            }
+        };
         let archive = Archive::load(
             Arc::clone(self.sink.store()),
             &self.loc,
             self.sink.prefix(),
             &self.pipeline,
             self.at.as_ref(),
-            kept.as_ref().map(|(_, last)| last.as_ref()),
+            previous,
         )
         .await?;
+        if previous != Some(&archive.compacted) {
+            self.known.write(&archive.compacted);
+        }
         if let (Some(At::Time(t)), Some(seq)) = (&self.at, archive.max_seq) {
             eprintln!(
                 "note: the archive as of {} is up to seq {seq}",
