@@ -216,24 +216,68 @@ pub(crate) async fn load_schemas(
     store: &dyn ObjectStore,
     prefix: Option<&str>,
 ) -> Result<BTreeMap<String, Vec<SchemaRecord>>> {
+    Ok(read_schemas(store, prefix, &SchemaObjects::default())
+        .await?
+        .by_table())
+}
+
+/// The schema records as read, by object key, each with the size and
+/// entity tag of the object it was read from: a later snapshot lists the
+/// records again but reads only the objects it does not have (records are
+/// written once, under a name of their own; one whose size or tag differs
+/// is read again).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct SchemaObjects(BTreeMap<String, ReadRecord>);
+
+/// A schema record and the size and entity tag of the object it was read from.
+#[derive(Debug, Clone, PartialEq)]
+struct ReadRecord {
+    size: u64,
+    e_tag: Option<String>,
+    record: SchemaRecord,
+}
+
+impl SchemaObjects {
+    /// The records by table.
+    pub(crate) fn by_table(&self) -> BTreeMap<String, Vec<SchemaRecord>> {
+        let mut out: BTreeMap<String, Vec<SchemaRecord>> = BTreeMap::new();
+        for read in self.0.values() {
+            out.entry(read.record.table.clone())
+                .or_default()
+                .push(read.record.clone());
+        }
+        out
+    }
+}
+
+/// Lists the schema records and reads those `known` does not hold as they
+/// are now (see [`SchemaObjects`]).
+pub(crate) async fn read_schemas(
+    store: &dyn ObjectStore,
+    prefix: Option<&str>,
+    known: &SchemaObjects,
+) -> Result<SchemaObjects> {
     let root = ObjectPath::from(under(prefix, "_schemas"));
-    let metas: Vec<_> = store
+    let metas: Vec<ObjectMeta> = store
         .list(Some(&root))
         .try_collect()
         .await
         .map_err(|e| Error::store("LIST", root.to_string(), e))?;
     // An archive of many tables has a record per table and version.
-    let bodies: Vec<(&ObjectMeta, bytes::Bytes)> = futures::stream::iter(
+    let records: Vec<(String, ReadRecord)> = futures::stream::iter(
         metas
-            .iter()
+            .into_iter()
             .filter(|m| m.location.as_ref().ends_with(".json")),
     )
-    .map(|meta| async move { Ok::<_, Error>((meta, get(store, &meta.location).await?)) })
-    .buffered(REQUESTS_AT_ONCE)
-    .try_collect()
-    .await?;
-    let mut out: BTreeMap<String, Vec<SchemaRecord>> = BTreeMap::new();
-    for (meta, body) in bodies {
+    .map(|meta| async move {
+        let key = meta.location.to_string();
+        if let Some(read) = known.0.get(&key)
+            && read.size == meta.size
+            && read.e_tag == meta.e_tag
+        {
+            return Ok::<_, Error>((key, read.clone()));
+        }
+        let body = get(store, &meta.location).await?;
         let record: SchemaRecord = serde_json::from_slice(&body).map_err(|e| {
             Error::fatal(
                 format!("schema record {} is not valid: {e}", meta.location),
@@ -241,9 +285,17 @@ pub(crate) async fn load_schemas(
             )
             .with_kind(ErrorKind::Archive)
         })?;
-        out.entry(record.table.clone()).or_default().push(record);
-    }
-    Ok(out)
+        let read = ReadRecord {
+            size: meta.size,
+            e_tag: meta.e_tag,
+            record,
+        };
+        Ok((key, read))
+    })
+    .buffered(REQUESTS_AT_ONCE)
+    .try_collect()
+    .await?;
+    Ok(SchemaObjects(records.into_iter().collect()))
 }
 
 /// Reads a whole object.
@@ -341,6 +393,50 @@ mod tests {
     use object_store::PutPayload;
 
     use super::*;
+
+    /// Schema records already read are taken from `known` while their
+    /// object's size and tag are the same; a new or rewritten record is
+    /// read, a deleted one is gone.
+    #[tokio::test]
+    async fn schema_records_already_read_are_not_read_again() {
+        let store = object_store::memory::InMemory::new();
+        let record = |table: &str, version: u32| {
+            serde_json::json!({"table": table, "version": version, "columns": [], "replica_identity": "default"})
+                .to_string()
+        };
+        let put = |key: &str, body: String| {
+            let key = ObjectPath::from(key);
+            let store = &store;
+            async move { store.put(&key, PutPayload::from(body)).await.unwrap() }
+        };
+        put("_schemas/public.a/1.json", record("public.a", 1)).await;
+        put("_schemas/public.b/1.json", record("public.b", 1)).await;
+        let first = read_schemas(&store, None, &SchemaObjects::default())
+            .await
+            .unwrap();
+        assert_eq!(first.by_table().len(), 2);
+        // What `known` holds for an unchanged object is what comes back:
+        // here a version the object does not say, so a GET would show.
+        let mut known = first.clone();
+        known
+            .0
+            .get_mut("_schemas/public.a/1.json")
+            .unwrap()
+            .record
+            .version = 9;
+        let again = read_schemas(&store, None, &known).await.unwrap();
+        assert_eq!(again.by_table()["public.a"][0].version, 9, "not read again");
+        // Rewritten, added, deleted.
+        put("_schemas/public.a/1.json", record("public.a", 1)).await;
+        put("_schemas/public.c/1.json", record("public.c", 1)).await;
+        store
+            .delete(&ObjectPath::from("_schemas/public.b/1.json"))
+            .await
+            .unwrap();
+        let now = read_schemas(&store, None, &known).await.unwrap().by_table();
+        assert_eq!(now["public.a"][0].version, 1, "a rewritten object is read");
+        assert_eq!(now.keys().collect::<Vec<_>>(), ["public.a", "public.c"]);
+    }
 
     /// Lists only from the day before the resume date, in memory and in a
     /// local folder, and everything when the object holding the resume

@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use crate::archive::listing::{self, Resume};
+use crate::archive::listing::{self, Resume, SchemaObjects};
 use crate::lakehouse::compacted;
 use crate::lakehouse::compacted::TableEntry;
 use crate::lakehouse::delta::Location;
@@ -65,6 +65,16 @@ impl std::str::FromStr for At {
     }
 }
 
+/// What an earlier snapshot of the same archive read, for a new one to
+/// keep what has not changed since (see [`Archive::load`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Previous<'a> {
+    /// Each compacted table's entry.
+    pub entries: Option<&'a BTreeMap<String, TableEntry>>,
+    /// The schema records.
+    pub schemas: Option<&'a SchemaObjects>,
+}
+
 /// The archive as one query sees it.
 #[derive(Debug)]
 pub(crate) struct Archive {
@@ -75,6 +85,8 @@ pub(crate) struct Archive {
     pub compacted: BTreeMap<String, TableEntry>,
     /// Every table with a schema record, by `schema.table`.
     pub shapes: BTreeMap<String, Arc<TableShape>>,
+    /// The schema records the shapes were built from, as read.
+    pub schema_objects: SchemaObjects,
     /// Every NDJSON object, once listed (see [`Archive::every_object`]).
     every: tokio::sync::OnceCell<Arc<Vec<Object>>>,
     pipeline: String,
@@ -88,23 +100,30 @@ pub(crate) struct Archive {
 
 impl Archive {
     /// Takes a snapshot of the archive, placed at `at`. With `previous`,
-    /// the entries of an earlier snapshot of the same archive (the prompt's
-    /// last statement's, or the last query's, see [`super::known`]), a
+    /// what an earlier snapshot of the same archive read (the prompt's last
+    /// statement's, or the last query's entries, see [`super::known`]): a
     /// table that had an entry for the same key and whose Delta logs have
     /// not moved on keeps it (see [`compacted::logs_moved`]) rather than
-    /// reading its logs again.
+    /// reading its logs again, and schema records already read are not
+    /// read again (see [`SchemaObjects`]).
     pub(crate) async fn load(
         store: Arc<dyn ObjectStore>,
         loc: &Location,
         prefix: Option<&str>,
         pipeline: &str,
         at: Option<&At>,
-        previous: Option<&BTreeMap<String, TableEntry>>,
+        previous: &Previous<'_>,
     ) -> Result<Archive> {
         let started = std::time::Instant::now();
-        let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
+        let schema_objects = listing::read_schemas(
+            store.as_ref(),
+            prefix,
+            previous.schemas.unwrap_or(&SchemaObjects::default()),
+        )
+        .await?;
         let read_schemas = started.elapsed();
-        let shapes: BTreeMap<String, Arc<TableShape>> = schemas
+        let shapes: BTreeMap<String, Arc<TableShape>> = schema_objects
+            .by_table()
             .iter()
             .map(|(table, records)| {
                 (
@@ -121,7 +140,7 @@ impl Archive {
             pipeline,
             prefix,
             &shapes,
-            previous.unwrap_or(&BTreeMap::new()),
+            previous.entries.unwrap_or(&BTreeMap::new()),
         )
         .await?;
         let read_logs = started.elapsed();
@@ -154,6 +173,7 @@ impl Archive {
             prefix: prefix.map(str::to_string),
             compacted,
             shapes,
+            schema_objects,
             objects,
             every,
             pipeline: pipeline.to_string(),

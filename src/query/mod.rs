@@ -39,7 +39,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::DFParserBuilder;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
-use self::catalog::{Archive, At};
+use self::catalog::{Archive, At, Previous};
 use self::known::Known;
 use self::output::{Format, Written};
 use crate::config::Config;
@@ -123,10 +123,16 @@ impl Query {
         // The last statement's entries, or at the first the last query's.
         let on_disk;
         let previous = match kept.as_ref() {
-            Some((_, last)) => Some(&last.compacted),
+            Some((_, last)) => Previous {
+                entries: Some(&last.compacted),
+                schemas: Some(&last.schema_objects),
+            },
             None => {
                 on_disk = self.known.read();
-                on_disk.as_ref()
+                Previous {
+                    entries: on_disk.as_ref(),
+                    schemas: None,
+                }
             }
         };
         let archive = Archive::load(
@@ -135,10 +141,10 @@ impl Query {
             self.sink.prefix(),
             &self.pipeline,
             self.at.as_ref(),
-            previous,
+            &previous,
         )
         .await?;
-        if previous != Some(&archive.compacted) {
+        if previous.entries != Some(&archive.compacted) {
             self.known.write(&archive.compacted);
         }
         if let (Some(At::Time(t)), Some(seq)) = (&self.at, archive.max_seq) {
