@@ -336,8 +336,17 @@ pub(crate) fn resume_for<'a>(
 /// The first seq a history file holds, from its name
 /// (`<first>-<last>[-<run>].parquet`).
 pub(crate) fn history_first_seq(path: &str) -> Option<u64> {
+    history_seqs(path).map(|(first, _)| first)
+}
+
+/// The first and last seq a history file holds, from its name
+/// (`<first>-<last>[-<run>].parquet`).
+pub(crate) fn history_seqs(path: &str) -> Option<(u64, u64)> {
     let name = path.rsplit('/').next()?.strip_suffix(".parquet")?;
-    name.split('-').next()?.parse().ok()
+    let mut parts = name.split('-');
+    let first = parts.next()?.parse().ok()?;
+    let last = parts.next()?.parse().ok()?;
+    Some((first, last))
 }
 
 /// Every table of `shapes` that has been compacted, as [`Compacted::entry`]
@@ -374,6 +383,11 @@ mod tests {
             Some(15)
         );
         assert_eq!(history_first_seq("date=2026-12-02/15-90.parquet"), Some(15));
+        assert_eq!(
+            history_seqs("parquet/public/t/date=2026-12-02/15-90-ab12cd34.parquet"),
+            Some((15, 90))
+        );
+        assert_eq!(history_seqs("date=2026-12-02/part-0.parquet"), None);
         assert_eq!(table_folder(&TableShape::test_t()), "public/t");
     }
 }

@@ -46,7 +46,7 @@ use super::tail::{Bounds, TailKind, TailTable, typed_changes};
 use crate::archive::listing;
 use crate::error::ErrorKind;
 use crate::lakehouse::change::TypedChange;
-use crate::lakehouse::compacted::{UNREADABLE_FIX, history_first_seq};
+use crate::lakehouse::compacted::{UNREADABLE_FIX, history_first_seq, history_seqs};
 use crate::lakehouse::layout::history_schema;
 use crate::lakehouse::layout::latest_schema;
 use crate::lakehouse::line::key_json;
@@ -199,28 +199,44 @@ fn parquet_table(
     Ok(Arc::new(ListingTable::try_new(config)?))
 }
 
-/// The compacted history: the snapshot's files, each date's as one scan
-/// with the date as a column (the files do not hold it: Delta keeps
-/// partition values in the log), unioned; `None` without files. Only the
-/// files the snapshot names: a folder also holds the log's checkpoints,
-/// replaced files until vacuum, and files of runs that did not commit.
-fn compacted_history(files: &[String], shape: &TableShape) -> DfResult<Option<LogicalPlanBuilder>> {
-    let mut by_date: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+/// The compacted history below `next`: the snapshot's files, each date's
+/// as one scan with the date as a column (the files do not hold it: Delta
+/// keeps partition values in the log), unioned; `None` without files. Only
+/// the files the snapshot names: a folder also holds the log's
+/// checkpoints, replaced files until vacuum, and files of runs that did
+/// not commit. A file whose name says it ends below `next` (nearly all)
+/// is read without the filter on `_seq`, so a query that does not name
+/// `_seq` does not decode it.
+fn compacted_history(
+    files: &[String],
+    shape: &TableShape,
+    next: u64,
+) -> DfResult<Option<LogicalPlanBuilder>> {
+    // By date, then whether a row can be at or past `next`.
+    let mut groups: BTreeMap<(&str, bool), Vec<String>> = BTreeMap::new();
     for key in files {
         let date = key
             .split('/')
             .find_map(|p| p.strip_prefix("date="))
             .unwrap_or_default();
-        by_date.entry(date).or_default().push(table_url(key));
+        let below = history_seqs(key).is_some_and(|(_, last)| last < next);
+        groups
+            .entry((date, !below))
+            .or_default()
+            .push(table_url(key));
     }
     let schema = history_schema(shape);
     let mut plan: Option<LogicalPlanBuilder> = None;
-    for (date, urls) in by_date {
-        let scan = LogicalPlanBuilder::scan(
+    for ((date, past_next), urls) in groups {
+        let mut scan = LogicalPlanBuilder::scan(
             "compacted",
             provider_as_source(parquet_table(urls, Arc::clone(&schema), false)?),
             None,
         )?;
+        if past_next {
+            // The seqs from `next` on are read from the NDJSON.
+            scan = scan.filter(ident("_seq").lt(lit(next as i64)))?;
+        }
         let mut columns: Vec<Expr> = schema.fields().iter().map(|f| ident(f.name())).collect();
         columns.push(datafusion::prelude::cast(lit(date), DataType::Date32).alias("date"));
         let scan = scan.project(columns)?;
@@ -248,12 +264,10 @@ fn history_table(
     );
     let build = || -> DfResult<Arc<dyn TableProvider>> {
         let tail = LogicalPlanBuilder::scan("tail", provider_as_source(Arc::new(tail)), None)?;
-        let mut plan = match compacted_history(archive.history_files(&shape.table), shape)? {
-            // The files of the history's snapshot hold the seqs below `next`
-            // (see `compacted::Compacted::entry`); the NDJSON the rest.
-            Some(compacted) => compacted
-                .filter(ident("_seq").lt(lit(next as i64)))?
-                .union(tail.build()?)?,
+        // The files of the history's snapshot hold the seqs below `next`
+        // (see `compacted::Compacted::entry`); the NDJSON the rest.
+        let mut plan = match compacted_history(archive.history_files(&shape.table), shape, next)? {
+            Some(compacted) => compacted.union(tail.build()?)?,
             None => tail,
         };
         if let Some(n) = archive.max_seq {
@@ -579,6 +593,27 @@ mod tests {
     use super::*;
     use crate::lakehouse::layout::history_columns;
     use crate::lakehouse::read::{Envelope, type_change};
+
+    /// Only a file whose name says it reaches `next` is filtered on
+    /// `_seq`; the others are read without decoding it.
+    #[test]
+    fn only_history_files_reaching_the_next_seq_are_filtered_on_it() {
+        let shape = TableShape::test_t();
+        let files = [
+            "parquet/public/t/date=2026-12-01/1-10-a.parquet".to_string(),
+            "parquet/public/t/date=2026-12-02/11-19-b.parquet".to_string(),
+            "parquet/public/t/date=2026-12-02/20-30-c.parquet".to_string(),
+        ];
+        let plan = compacted_history(&files, &shape, 20)
+            .unwrap()
+            .unwrap()
+            .build()
+            .unwrap();
+        let text = plan.display_indent().to_string();
+        assert_eq!(text.matches("Filter: ").count(), 1, "{text}");
+        assert_eq!(text.matches("_seq < Int64(20)").count(), 1, "{text}");
+        assert_eq!(text.matches("TableScan: compacted").count(), 3, "{text}");
+    }
 
     #[test]
     fn history_rows_read_back_as_the_changes_they_were() {
