@@ -966,6 +966,23 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
     );
     let text = wait_for("Time: ", 7);
     assert!(text.contains("value\r\n1234\r\n"), "{text}");
+    // A column added (a new schema record, and a change that has it): the
+    // next statement sees it, though no log moved.
+    let schema2 = json!({"table": "public.t", "version": 2, "replica_identity": "default", "columns": [
+        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
+        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false},
+        {"name": "note", "type": "text", "type_oid": 25, "type_modifier": -1, "key": false}]});
+    std::fs::write(dir.join("2.json"), schema2.to_string()).unwrap();
+    let line = json!({"op": "insert", "table": "public.t", "data": {"id": 4, "n": 40, "note": "added"},
+        "old": null, "seq": 4, "idempotency_key": "k4", "commit_lsn": "0/20"});
+    std::fs::write(
+        root.path().join("2026/12/04/p-4-4.ndjson"),
+        format!("{line}\n"),
+    )
+    .unwrap();
+    say("SELECT count(*) AS rows, max(note) AS note FROM public.t;");
+    let text = wait_for("Time: ", 8);
+    assert!(text.contains("rows,note\r\n4,added\r\n"), "{text}");
     say("\\q");
     drop(stdin);
     let status = child.wait().unwrap();

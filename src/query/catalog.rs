@@ -73,6 +73,11 @@ pub(crate) struct Previous<'a> {
     pub entries: Option<&'a BTreeMap<String, TableEntry>>,
     /// The schema records.
     pub schemas: Option<&'a SchemaObjects>,
+    /// The tables' shapes (the prompt's last statement's): with them the
+    /// checks of the schema records, of the logs and the listing run at
+    /// once, and what the latter two found stands if the shapes are the
+    /// same and no log moved.
+    pub shapes: Option<&'a BTreeMap<String, Arc<TableShape>>>,
 }
 
 /// The archive as one query sees it.
@@ -115,12 +120,39 @@ impl Archive {
         previous: &Previous<'_>,
     ) -> Result<Archive> {
         let started = std::time::Instant::now();
-        let schema_objects = listing::read_schemas(
-            store.as_ref(),
-            prefix,
-            previous.schemas.unwrap_or(&SchemaObjects::default()),
-        )
-        .await?;
+        let no_schemas = SchemaObjects::default();
+        let unchanged = match (previous.shapes, previous.entries) {
+            (Some(shapes), Some(entries)) => Some((shapes, entries)),
+            _ => None,
+        };
+        // The prompt's case: the logs checked and the NDJSON listed as the
+        // last statement's snapshot had them, while the schema records are.
+        let (schema_objects, logs_kept, early_objects) = tokio::try_join!(
+            listing::read_schemas(
+                store.as_ref(),
+                prefix,
+                previous.schemas.unwrap_or(&no_schemas),
+            ),
+            async {
+                match unchanged {
+                    Some((shapes, entries)) => {
+                        all_kept(store.as_ref(), prefix, shapes, entries).await
+                    }
+                    None => Ok(false),
+                }
+            },
+            async {
+                match unchanged {
+                    Some((shapes, entries)) => {
+                        let resume = resume_at(at, entries, shapes.keys());
+                        list(store.as_ref(), prefix, pipeline, resume.as_ref())
+                            .await
+                            .map(Some)
+                    }
+                    None => Ok(None),
+                }
+            },
+        )?;
         let read_schemas = started.elapsed();
         let shapes: BTreeMap<String, Arc<TableShape>> = schema_objects
             .by_table()
@@ -132,30 +164,35 @@ impl Archive {
                 )
             })
             .collect();
-        // The logs are read after the schema records: a table's compacted
-        // columns are among the records the run read.
-        let (compacted, logs_read) = compacted_since(
-            store.as_ref(),
-            loc,
-            pipeline,
-            prefix,
-            &shapes,
-            previous.entries.unwrap_or(&BTreeMap::new()),
-        )
-        .await?;
-        let read_logs = started.elapsed();
-        // A time is placed among every object's write time; otherwise the
-        // tables' tails need the objects from where compaction stopped.
-        let resume = match at {
-            Some(At::Time(_)) => None,
-            _ => compacted::resume_for(&compacted, shapes.keys()),
+        let (compacted, logs_read, objects) = match (unchanged, early_objects) {
+            (Some((last_shapes, entries)), Some(objects))
+                if logs_kept && *last_shapes == shapes =>
+            {
+                (entries.clone(), 0, objects)
+            }
+            _ => {
+                // The logs are read after the schema records: a table's
+                // compacted columns are among the records the run read.
+                let (compacted, logs_read) = compacted_since(
+                    store.as_ref(),
+                    loc,
+                    pipeline,
+                    prefix,
+                    &shapes,
+                    previous.entries.unwrap_or(&BTreeMap::new()),
+                )
+                .await?;
+                let resume = resume_at(at, &compacted, shapes.keys());
+                let objects = list(store.as_ref(), prefix, pipeline, resume.as_ref()).await?;
+                (compacted, logs_read, objects)
+            }
         };
-        let objects = list(store.as_ref(), prefix, pipeline, resume.as_ref()).await?;
+        let resume = resume_at(at, &compacted, shapes.keys());
+        let read_logs = started.elapsed();
         tracing::debug!(
             schemas_ms = read_schemas.as_secs_f64() * 1e3,
-            delta_logs_ms = (read_logs - read_schemas).as_secs_f64() * 1e3,
+            logs_and_listing_ms = (read_logs - read_schemas).as_secs_f64() * 1e3,
             logs_read,
-            listing_ms = (started.elapsed() - read_logs).as_secs_f64() * 1e3,
             objects = objects.len(),
             "snapshot of the archive taken"
         );
@@ -283,14 +320,9 @@ async fn compacted_since(
     previous: &BTreeMap<String, TableEntry>,
 ) -> Result<(BTreeMap<String, TableEntry>, usize)> {
     let checks = shapes.values().map(|shape| async move {
-        let keyed = !shape.key.is_empty();
-        let kept = match previous.get(&shape.table) {
-            Some(e) if e.keyed == keyed => {
-                (!compacted::logs_moved(store, prefix, shape, e).await?).then(|| e.clone())
-            }
-            _ => None,
-        };
-        Ok::<_, Error>((shape, kept))
+        let before = previous.get(&shape.table);
+        let kept = stands(store, prefix, shape, before).await?;
+        Ok::<_, Error>((shape, before.filter(|_| kept).cloned()))
     });
     let checked = futures::future::try_join_all(checks).await?;
     let read: Vec<&TableShape> = checked
@@ -311,6 +343,53 @@ async fn compacted_since(
         }
     }
     Ok((entries, logs_read))
+}
+
+/// Where the listing of the NDJSON starts: every object for a time (it is
+/// placed among every object's write time), else where compaction stopped
+/// for the tables' tails.
+fn resume_at<'a>(
+    at: Option<&At>,
+    compacted: &BTreeMap<String, TableEntry>,
+    tables: impl IntoIterator<Item = &'a String>,
+) -> Option<Resume> {
+    match at {
+        Some(At::Time(_)) => None,
+        _ => compacted::resume_for(compacted, tables),
+    }
+}
+
+/// Whether `entry`, read earlier for `shape`'s table, still stands: it was
+/// read for the same key (which log's seq is the next seq depends on it),
+/// and neither log has moved on since.
+async fn stands(
+    store: &dyn ObjectStore,
+    prefix: Option<&str>,
+    shape: &TableShape,
+    entry: Option<&TableEntry>,
+) -> Result<bool> {
+    let keyed = !shape.key.is_empty();
+    match entry {
+        Some(e) if e.keyed == keyed => Ok(!compacted::logs_moved(store, prefix, shape, e).await?),
+        _ => Ok(false),
+    }
+}
+
+/// Whether every table of `shapes` has an entry in `entries`, for the same
+/// key, whose logs have not moved on.
+async fn all_kept(
+    store: &dyn ObjectStore,
+    prefix: Option<&str>,
+    shapes: &BTreeMap<String, Arc<TableShape>>,
+    entries: &BTreeMap<String, TableEntry>,
+) -> Result<bool> {
+    let checks = shapes
+        .values()
+        .map(|shape| stands(store, prefix, shape, entries.get(&shape.table)));
+    Ok(futures::future::try_join_all(checks)
+        .await?
+        .into_iter()
+        .all(|kept| kept))
 }
 
 /// The archive's NDJSON objects, by first seq then write time, each with

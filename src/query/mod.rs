@@ -126,12 +126,13 @@ impl Query {
             Some((_, last)) => Previous {
                 entries: Some(&last.compacted),
                 schemas: Some(&last.schema_objects),
+                shapes: Some(&last.shapes),
             },
             None => {
                 on_disk = self.known.read();
                 Previous {
                     entries: on_disk.as_ref(),
-                    schemas: None,
+                    ..Previous::default()
                 }
             }
         };
