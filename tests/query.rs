@@ -843,20 +843,22 @@ fn write_inserts(root: &std::path::Path, seqs: std::ops::RangeInclusive<u64>) {
     std::fs::write(day.join(name), body).unwrap();
 }
 
-/// The prompt (on a terminal: `script` gives it one) keeps the tables it
-/// built while the archive is unchanged, and a statement after a new
-/// object arrived sees it; `\timing` prints each statement's phases.
-#[test]
-fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_changes() {
-    let root = tempfile::tempdir().unwrap();
+/// The schema record of a hand-written archive in `root` of `public.t (id
+/// bigint key, n integer)` (see [`write_inserts`]); returns its folder.
+fn tiny_archive(root: &std::path::Path) -> std::path::PathBuf {
     let schema = json!({"table": "public.t", "version": 1, "replica_identity": "default", "columns": [
         {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
         {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false}]});
-    let dir = root.path().join("_schemas/public.t");
+    let dir = root.join("_schemas/public.t");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("1.json"), schema.to_string()).unwrap();
-    write_inserts(root.path(), 1..=2);
-    let env = [
+    dir
+}
+
+/// The environment of waltail over the archive of [`tiny_archive`], its
+/// state folder `root/state`.
+fn tiny_env(root: &std::path::Path) -> Vec<(&'static str, std::path::PathBuf)> {
+    vec![
         ("WALTAIL_PIPELINE", "p".into()),
         (
             "WALTAIL_SOURCE_URL",
@@ -864,9 +866,20 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
         ),
         ("WALTAIL_SOURCE_TABLES", "public.t".into()),
         ("WALTAIL_DESTINATION_TYPE", "file".into()),
-        ("WALTAIL_DESTINATION_PATH", root.path().to_path_buf()),
-        ("WALTAIL_STATE_DIR", root.path().join("state")),
-    ];
+        ("WALTAIL_DESTINATION_PATH", root.to_path_buf()),
+        ("WALTAIL_STATE_DIR", root.join("state")),
+    ]
+}
+
+/// The prompt (on a terminal: `script` gives it one) keeps the tables it
+/// built while the archive is unchanged, and a statement after a new
+/// object arrived sees it; `\timing` prints each statement's phases.
+#[test]
+fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_changes() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = tiny_archive(root.path());
+    write_inserts(root.path(), 1..=2);
+    let env = tiny_env(root.path());
     let mut child = Command::new("script")
         .args([
             "-qfec",
@@ -998,26 +1011,11 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
 #[test]
 fn a_query_keeps_the_delta_logs_it_read_for_the_next_and_never_a_stale_one() {
     let root = tempfile::tempdir().unwrap();
-    let schema = json!({"table": "public.t", "version": 1, "replica_identity": "default", "columns": [
-        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
-        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false}]});
-    let dir = root.path().join("_schemas/public.t");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("1.json"), schema.to_string()).unwrap();
+    tiny_archive(root.path());
     let state = root.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
-    let env: [(&str, std::path::PathBuf); 7] = [
-        ("WALTAIL_PIPELINE", "p".into()),
-        (
-            "WALTAIL_SOURCE_URL",
-            "postgres://nobody@127.0.0.1:1/none".into(),
-        ),
-        ("WALTAIL_SOURCE_TABLES", "public.t".into()),
-        ("WALTAIL_DESTINATION_TYPE", "file".into()),
-        ("WALTAIL_DESTINATION_PATH", root.path().to_path_buf()),
-        ("WALTAIL_STATE_DIR", state.clone()),
-        ("WALTAIL_LOG", "waltail=debug".into()),
-    ];
+    let mut env = tiny_env(root.path());
+    env.push(("WALTAIL_LOG", "waltail=debug".into()));
     let run = |args: &[&str]| -> (String, String) {
         let out = Command::new(bin())
             .args(args)
