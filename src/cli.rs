@@ -214,9 +214,11 @@ fn keep_freed_memory() {
 /// a short query touches is zeroed whole, mostly for nothing. Measured on
 /// the benchmark archive of `scripts/bench-query.sh` (`perf record`): a
 /// third of a small query's CPU went to `clear_page_erms`; with small
-/// pages the whole process took 20-30% less wall time on the short
-/// queries and about the same on the long ones. A `MIMALLOC_ALLOW_THP`
-/// the user set wins.
+/// pages (and the fixed-address binary, see `build.rs`) the whole process
+/// took 20-30% less wall time on the short queries, and 4-12% more on the
+/// long ones (the window over every version, `--at`), within this VM's
+/// swings but not in their favour: short queries are the common case. A
+/// `MIMALLOC_ALLOW_THP` the user set wins.
 fn small_pages() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
