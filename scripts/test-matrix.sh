@@ -47,7 +47,10 @@ run_tests() {
 }
 for major in $majors; do
   bin=$(scripts/pg-install.sh "$major")
-  url=$(PG_BIN=$bin PG_ROOT=$base/waltail-pg-matrix PG_PORT=55470 scripts/pg-start.sh)
+  # A port below the kernel's ephemeral range (32768-60999): one inside it
+  # can be held by an outgoing connection of the services (seen: 55470
+  # taken by one after the main suite, so the server could not listen).
+  url=$(PG_BIN=$bin PG_ROOT=$base/waltail-pg-matrix PG_PORT=25470 scripts/pg-start.sh)
   started=$bin
   filter="$every | $backfill"
   echo "=== PostgreSQL $major ($("$bin/postgres" --version)) ===" >&2
