@@ -22,24 +22,16 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch, new_null_array};
 use arrow::datatypes::SchemaRef;
-use bytes::Bytes;
-use futures::future::BoxFuture;
-use futures::{FutureExt, StreamExt, TryFutureExt, TryStreamExt};
-use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt};
+use futures::{StreamExt, TryStreamExt};
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
-use parquet::arrow::arrow_reader::ArrowReaderOptions;
-use parquet::arrow::async_reader::AsyncFileReader;
-use parquet::errors::ParquetError;
-use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::WriterProperties;
 
 use super::parquet_file::{Output, ParquetFile};
 use crate::lakehouse::compacted::UNREADABLE_FIX;
 use crate::lakehouse::delta::DataFile;
 use crate::lakehouse::layout;
+use crate::lakehouse::stored::{StoredFile, cast};
 use crate::lakehouse::typing::{Column, TableShape};
 use crate::{Error, Result};
 
@@ -90,11 +82,7 @@ pub(crate) async fn rewrite_history(
                 let (date, first, last) = seqs_and_date(file)?;
                 let key = layout::history_key(prefix, shape, &date, first, last, run);
                 let from = format!("{dir}/{}", file.path);
-                let source = StoredFile {
-                    store: Arc::clone(&output.store),
-                    path: ObjectPath::from(from.as_str()),
-                    size: file.size,
-                };
+                let source = StoredFile::new(Arc::clone(&output.store), &from, Some(file.size));
                 let (rows, size) = copy(output, source, &from, key.clone(), schema, props).await?;
                 Ok(DataFile {
                     path: layout::relative(dir, &key)?,
@@ -167,77 +155,8 @@ async fn copy(
     Ok((rows, file.finish().await?))
 }
 
-/// A Parquet file in the store, of a size known from the log, read by
-/// ranges (parquet's own store reader is deprecated in favour of this).
-struct StoredFile {
-    store: Arc<dyn ObjectStore>,
-    path: ObjectPath,
-    size: u64,
-}
-
-fn store_error(e: object_store::Error) -> ParquetError {
-    ParquetError::External(Box::new(e))
-}
-
-impl AsyncFileReader for StoredFile {
-    fn get_bytes(
-        &mut self,
-        range: std::ops::Range<u64>,
-    ) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
-        self.store
-            .get_range(&self.path, range)
-            .map_err(store_error)
-            .boxed()
-    }
-
-    fn get_byte_ranges(
-        &mut self,
-        ranges: Vec<std::ops::Range<u64>>,
-    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
-        async move {
-            self.store
-                .get_ranges(&self.path, &ranges)
-                .await
-                .map_err(store_error)
-        }
-        .boxed()
-    }
-
-    fn get_metadata<'a>(
-        &'a mut self,
-        options: Option<&'a ArrowReaderOptions>,
-    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
-        async move {
-            let size = self.size;
-            let metadata = ParquetMetaDataReader::new()
-                .with_arrow_reader_options(options)
-                .load_and_finish(self, size)
-                .await?;
-            Ok(Arc::new(metadata))
-        }
-        .boxed()
-    }
-}
-
-/// `batch` in `schema`: each column by name, cast to its type; a column
-/// the batch lacks is all nulls.
-fn cast(batch: &RecordBatch, schema: &SchemaRef) -> arrow::error::Result<RecordBatch> {
-    let columns = schema
-        .fields()
-        .iter()
-        .map(|field| match batch.column_by_name(field.name()) {
-            Some(values) if values.data_type() == field.data_type() => Ok(Arc::clone(values)),
-            Some(values) => arrow::compute::cast(values, field.data_type()),
-            None => Ok(new_null_array(field.data_type(), batch.num_rows())),
-        })
-        .collect::<arrow::error::Result<Vec<ArrayRef>>>()?;
-    RecordBatch::try_new(Arc::clone(schema), columns)
-}
-
 #[cfg(test)]
 mod tests {
-    use arrow::array::{Array, Int32Array, Int64Array, StringArray};
-    use arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
     use crate::lakehouse::typing::Kind;
@@ -252,32 +171,6 @@ mod tests {
         assert_eq!(widened(&written, &shape), ["id: Int32 -> Int64"]);
         shape.columns[0].kind = Kind::Int32;
         assert!(widened(&written, &shape).is_empty(), "doc was added later");
-    }
-
-    #[test]
-    fn a_batch_is_cast_by_name_and_a_missing_column_is_null() {
-        let old = Arc::new(Schema::new(vec![
-            Field::new("_op", DataType::Utf8, false),
-            Field::new("n", DataType::Int32, true),
-        ]));
-        let batch = RecordBatch::try_new(
-            old,
-            vec![
-                Arc::new(StringArray::from(vec!["i", "u"])),
-                Arc::new(Int32Array::from(vec![Some(7), None])),
-            ],
-        )
-        .unwrap();
-        let new = Arc::new(Schema::new(vec![
-            Field::new("n", DataType::Int64, true),
-            Field::new("added", DataType::Utf8, true),
-            Field::new("_op", DataType::Utf8, false),
-        ]));
-        let out = cast(&batch, &new).unwrap();
-        let n = out.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
-        assert_eq!((n.value(0), n.is_null(1)), (7, true));
-        assert_eq!(out.column(1).null_count(), 2);
-        assert_eq!(out.column(2).as_ref(), batch.column(0).as_ref());
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod line;
 pub mod read;
 mod scan;
 pub mod session;
+pub(crate) mod stored;
 pub mod typing;
 
 use std::time::Duration;

@@ -19,6 +19,7 @@
 //! compacted view) and the Parquet footers read stay, so a statement
 //! repeated at the prompt costs its snapshot and its scan, not the build.
 
+mod at;
 pub(crate) mod catalog;
 mod known;
 pub(crate) mod merge;

@@ -6,7 +6,7 @@
 //!   changes touch are filtered out and the overlay's rows added. Memory:
 //!   the keys the uncompacted changes touch. With `--at` before the
 //!   compacted view, the view is rebuilt from the history up to that seq
-//!   instead (memory: the rows live at that point).
+//!   instead, for the columns a statement reads ([`AtView`]).
 //! - `history.<schema>.<table>`: every version, the compacted Parquet
 //!   history (Hive-partitioned by `date`, which DataFusion prunes on) below
 //!   the next seq its Delta log records, and the NDJSON tail from it, typed alike.
@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{Array, ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray};
+use arrow::array::{Array, BooleanArray, RecordBatch, StringArray};
 use arrow::datatypes::DataType;
 use async_trait::async_trait;
 use datafusion::catalog::{
@@ -38,20 +38,17 @@ use datafusion::logical_expr::{
 };
 use datafusion::prelude::{Expr, SessionContext, ident, lit};
 use futures::{StreamExt, TryStreamExt};
-use serde_json::{Map, Value};
 
+use super::at::AtView;
 use super::catalog::Archive;
 use super::merge::{Overlay, overlay_schema};
 use super::tail::{Bounds, TailKind, TailTable, typed_changes};
 use crate::archive::listing;
-use crate::error::ErrorKind;
-use crate::lakehouse::change::TypedChange;
 use crate::lakehouse::compacted::{UNREADABLE_FIX, history_first_seq, history_seqs};
 use crate::lakehouse::layout::history_schema;
 use crate::lakehouse::layout::latest_schema;
-use crate::lakehouse::line::key_json;
-use crate::lakehouse::read;
 use crate::lakehouse::session::table_url;
+use crate::lakehouse::stored::text_column;
 use crate::lakehouse::typing::array::read_cells;
 use crate::lakehouse::typing::{Cell, TableShape};
 use crate::{Error, Result};
@@ -316,9 +313,27 @@ async fn latest_table(
         && next > 0
         && n.saturating_add(1) < next
     {
-        let mut overlay = Overlay::new(Arc::clone(shape), false);
-        replay_history(&ctx, archive, shape, n, &mut overlay).await?;
-        return memory_table(shape, &overlay, &data);
+        let mut files: Vec<(u64, String)> = archive
+            .history_files(&shape.table)
+            .iter()
+            .filter_map(|key| {
+                let first = history_first_seq(key)?;
+                (first <= n && first < next).then(|| (first, key.clone()))
+            })
+            .collect();
+        files.sort();
+        let files = files.into_iter().map(|(_, key)| key).collect();
+        let expected_keys = archive
+            .compacted
+            .get(&shape.table)
+            .map_or(0, |e| e.latest_rows as usize);
+        return Ok(Arc::new(AtView::new(
+            Arc::clone(&archive.store),
+            Arc::clone(shape),
+            files,
+            n,
+            expected_keys,
+        )));
     }
     let base = if files.is_empty() {
         None
@@ -476,123 +491,9 @@ fn columns_of(shape: &TableShape, batch: &RecordBatch) -> Result<Vec<Vec<Cell>>>
     Ok(rows)
 }
 
-fn text_column(batch: &RecordBatch, name: &str) -> Result<StringArray> {
-    let a: &ArrayRef = batch.column_by_name(name).ok_or_else(|| {
-        Error::fatal(
-            format!("a compacted file has no {name} column"),
-            "compact the table again",
-        )
-        .with_kind(ErrorKind::Archive)
-    })?;
-    let a = arrow::compute::cast(a, &DataType::Utf8)
-        .map_err(|e| Error::fatal(format!("{name}: {e}"), "compact the table again"))?;
-    Ok(a.as_any()
-        .downcast_ref::<StringArray>()
-        .expect("cast to Utf8")
-        .clone())
-}
-
-/// Applies the compacted history's changes with seqs up to `n`, file by
-/// file in seq order.
-async fn replay_history(
-    ctx: &SessionContext,
-    archive: &Archive,
-    shape: &TableShape,
-    n: u64,
-    overlay: &mut Overlay,
-) -> Result<()> {
-    let next = archive.next_seq(&shape.table);
-    // `.../date=D/<first>-<last>-<run>.parquet`, as the snapshot names them.
-    let mut files: Vec<(u64, String)> = archive
-        .history_files(&shape.table)
-        .iter()
-        .filter_map(|key| {
-            let first = history_first_seq(key)?;
-            (first <= n && first < next).then(|| (first, key.clone()))
-        })
-        .collect();
-    files.sort();
-    let schema = history_schema(shape);
-    for (_, key) in files {
-        let table = parquet_table(vec![table_url(&key)], Arc::clone(&schema), false).map_err(df)?;
-        let batches = ctx
-            .read_table(table as Arc<dyn TableProvider>)
-            .and_then(|t| t.filter(ident("_seq").lt_eq(lit(n as i64))))
-            .and_then(|t| t.sort(vec![ident("_seq").sort(true, false)]))
-            .map_err(df)?
-            .collect()
-            .await
-            .map_err(df)?;
-        for batch in &batches {
-            for change in history_changes(shape, batch)? {
-                overlay.apply(change);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The changes of a history batch, as they were before compaction.
-fn history_changes(shape: &TableShape, batch: &RecordBatch) -> Result<Vec<TypedChange>> {
-    let cells = columns_of(shape, batch)?;
-    let ops = text_column(batch, "_op")?;
-    let lsns = text_column(batch, "_lsn")?;
-    let keys = text_column(batch, "_key")?;
-    let olds = text_column(batch, "_old")?;
-    let unchanged = text_column(batch, "_unchanged")?;
-    let seqs = arrow::compute::cast(
-        batch.column_by_name("_seq").ok_or_else(|| {
-            Error::fatal(
-                "a history file has no _seq column",
-                "compact the table again",
-            )
-            .with_kind(ErrorKind::Archive)
-        })?,
-        &DataType::Int64,
-    )
-    .map_err(|e| Error::fatal(format!("_seq: {e}"), "compact the table again"))?;
-    let seqs = seqs
-        .as_any()
-        .downcast_ref::<Int64Array>()
-        .expect("cast to Int64");
-    let mut out = Vec::with_capacity(batch.num_rows());
-    for (i, mut cells) in cells.into_iter().enumerate() {
-        let (op, op_name) = read::parse_op(ops.value(i))
-            .map_err(|e| Error::fatal(format!("_op: {e}"), "compact the table again"))?;
-        if !unchanged.is_null(i)
-            && let Ok(Value::Array(names)) = serde_json::from_str::<Value>(unchanged.value(i))
-        {
-            for name in names.iter().filter_map(Value::as_str) {
-                if let Some(c) = shape.column(name) {
-                    cells[c] = Cell::Absent;
-                }
-            }
-        }
-        let old = (!olds.is_null(i)).then(|| olds.value(i).to_string());
-        let old_key = old
-            .as_deref()
-            .and_then(|o| serde_json::from_str::<Map<String, Value>>(o).ok())
-            .and_then(|o| key_json(shape, &o));
-        out.push(TypedChange {
-            op_name,
-            op,
-            seq: seqs.value(i) as u64,
-            lsn: lsns.value(i).into(),
-            key: (!keys.is_null(i)).then(|| keys.value(i).into()),
-            old_key,
-            cells,
-            old,
-            unchanged: None,
-        });
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lakehouse::layout::history_columns;
-    use crate::lakehouse::read::{Envelope, type_change};
 
     /// Only a file whose name says it reaches `next` is filtered on
     /// `_seq`; the others are read without decoding it.
@@ -613,40 +514,5 @@ mod tests {
         assert_eq!(text.matches("Filter: ").count(), 1, "{text}");
         assert_eq!(text.matches("_seq < Int64(20)").count(), 1, "{text}");
         assert_eq!(text.matches("TableScan: compacted").count(), 3, "{text}");
-    }
-
-    #[test]
-    fn history_rows_read_back_as_the_changes_they_were() {
-        let shape = TableShape::test_t();
-        let lines = [
-            r#"{"op":"insert","table":"public.t","data":{"id":1,"doc":"big"},"old":null,"seq":1,"idempotency_key":"a","commit_lsn":"0/1"}"#,
-            r#"{"op":"update","table":"public.t","data":{"id":2},"old":{"id":1},"seq":2,"idempotency_key":"b","commit_lsn":"0/2"}"#,
-            r#"{"op":"delete","table":"public.t","data":null,"old":{"id":2},"seq":3,"idempotency_key":"c","commit_lsn":"0/3"}"#,
-            r#"{"op":"truncate","table":"public.t","data":null,"old":null,"seq":4,"idempotency_key":"d","commit_lsn":"0/4"}"#,
-        ];
-        let changes: Vec<TypedChange> = lines
-            .iter()
-            .map(|l| type_change(&shape, serde_json::from_str::<Envelope>(l).unwrap()).unwrap())
-            .collect();
-        let batch = RecordBatch::try_new(history_schema(&shape), history_columns(&shape, &changes))
-            .unwrap();
-        let back = history_changes(&shape, &batch).unwrap();
-        for (a, b) in changes.iter().zip(&back) {
-            assert_eq!(
-                (a.op, a.seq, &a.lsn, &a.key, &a.old_key, &a.cells),
-                (b.op, b.seq, &b.lsn, &b.key, &b.old_key, &b.cells),
-                "seq {}",
-                a.seq
-            );
-        }
-        assert_eq!(back[1].cells[1], Cell::Absent, "the unchanged column");
-        // Replayed, they leave what the NDJSON leaves.
-        let mut overlay = Overlay::new(Arc::new(shape.clone()), false);
-        for c in &back[..2] {
-            overlay.apply(c.clone());
-        }
-        let rows: usize = overlay.batches(10).iter().map(|b| b.num_rows()).sum();
-        assert_eq!(rows, 1);
-        assert_eq!(overlay.touched().len(), 2, "the old key is gone");
     }
 }
