@@ -60,8 +60,8 @@ const BATCH_ROWS: usize = 8192;
 /// and the next.
 const READ_AHEAD: usize = 2;
 
-/// Row groups of change columns a file's reader holds ready.
-const GROUPS_AHEAD: usize = 2;
+/// Batches of change columns a file's reader holds ready.
+const BATCHES_AHEAD: usize = 4;
 
 /// History files whose chosen rows are read at once.
 const ROWS_AT_ONCE: usize = 4;
@@ -189,7 +189,7 @@ impl AtView {
         loop {
             while reading.len() < READ_AHEAD {
                 let Some((i, key)) = files.next() else { break };
-                let (tx, rx) = tokio::sync::mpsc::channel(GROUPS_AHEAD);
+                let (tx, rx) = tokio::sync::mpsc::channel(BATCHES_AHEAD);
                 let task = tokio::spawn(change_columns(
                     Arc::clone(&self.store),
                     key.clone(),
@@ -346,8 +346,10 @@ fn unreadable(key: &str, e: &dyn std::fmt::Display) -> Error {
 }
 
 /// Sends the change columns of a history file's row groups that may hold
-/// changes up to `at`, a row group at a time, each with the position of
-/// its first row in the file; stops early if no one receives them.
+/// changes up to `at`, in batches of [`BATCH_ROWS`] (small enough for
+/// their buffers to be used again rather than grown into fresh memory),
+/// each with the position of its first row in the file; stops early if
+/// no one receives them.
 async fn change_columns(
     store: Arc<dyn ObjectStore>,
     key: String,
@@ -360,12 +362,11 @@ async fn change_columns(
         .map_err(|e| unreadable(&key, &e))?;
     let mask = roots(&meta, CHANGE_COLUMNS);
     for g in groups_up_to(meta.metadata(), at) {
-        let rows = meta.metadata().row_group(g).num_rows() as u64;
         let mut batches =
             ParquetRecordBatchStreamBuilder::new_with_metadata(file.clone(), meta.clone())
                 .with_row_groups(vec![g])
                 .with_projection(mask.clone())
-                .with_batch_size(rows.max(1) as usize)
+                .with_batch_size(BATCH_ROWS)
                 .build()
                 .map_err(|e| unreadable(&key, &e))?;
         let mut next = group_start(meta.metadata(), g);
@@ -460,7 +461,10 @@ async fn chosen_rows(
 
 /// The rows at `positions` (sorted, distinct) of `total`.
 fn selection(positions: &[u64], total: u64) -> RowSelection {
-    let mut selectors: Vec<RowSelector> = Vec::new();
+    // Sized once: the list can be most of a pass's memory, and growing it
+    // copies it into fresh pages again and again.
+    let runs = positions.windows(2).filter(|w| w[1] != w[0] + 1).count() + 1;
+    let mut selectors: Vec<RowSelector> = Vec::with_capacity(2 * runs + 1);
     let mut next = 0;
     for &p in positions {
         if p > next {
@@ -735,7 +739,8 @@ impl Versions {
 
     /// The live versions' rows, in the order they were written.
     fn live(&self) -> Vec<RowId> {
-        let mut live: Vec<RowId> = self.keys.live().collect();
+        let mut live: Vec<RowId> = Vec::with_capacity(self.keys.table.len());
+        live.extend(self.keys.live());
         live.sort_unstable();
         live
     }
