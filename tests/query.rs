@@ -1011,7 +1011,7 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
 #[test]
 fn a_query_keeps_the_delta_logs_it_read_for_the_next_and_never_a_stale_one() {
     let root = tempfile::tempdir().unwrap();
-    tiny_archive(root.path());
+    let schemas = tiny_archive(root.path());
     let state = root.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
     let mut env = tiny_env(root.path());
@@ -1049,6 +1049,9 @@ fn a_query_keeps_the_delta_logs_it_read_for_the_next_and_never_a_stale_one() {
             .parse()
             .unwrap()
     };
+    // Whether the logs were checked and the NDJSON listed while the schema
+    // records were (the shapes kept matched the records listed).
+    let early = |stderr: &str| stderr.contains(" early=true");
     let kept = state.join("p.query.json");
 
     write_inserts(root.path(), 1..=2);
@@ -1056,11 +1059,43 @@ fn a_query_keeps_the_delta_logs_it_read_for_the_next_and_never_a_stale_one() {
     let (out, err) = count();
     assert_eq!(out, "rows,total\n2,30\n");
     assert_eq!(logs_read(&err), 1, "nothing kept yet:\n{err}");
+    assert!(!early(&err), "{err}");
     assert!(kept.exists(), "the entries are kept in {}", kept.display());
-    // Unchanged: the kept entry answers, no log is read.
+    // Unchanged: the kept entry answers, no log is read, and the kept
+    // schema records let the checks run beside their listing.
     let (out, err) = count();
     assert_eq!(out, "rows,total\n2,30\n");
     assert_eq!(logs_read(&err), 0, "{err}");
+    assert!(early(&err), "{err}");
+
+    // A column added (a new schema record, and a change that has it): the
+    // shapes kept no longer match, and the next query reads the new one.
+    let schema2 = json!({"table": "public.t", "version": 2, "replica_identity": "default", "columns": [
+        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
+        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false},
+        {"name": "note", "type": "text", "type_oid": 25, "type_modifier": -1, "key": false}]});
+    std::fs::write(schemas.join("2.json"), schema2.to_string()).unwrap();
+    let line = json!({"op": "insert", "table": "public.t", "data": {"id": 3, "n": 30, "note": "added"},
+        "old": null, "seq": 3, "idempotency_key": "k3", "commit_lsn": "0/18"});
+    std::fs::write(
+        root.path().join("2026/12/04/p-3-3.ndjson"),
+        format!("{line}\n"),
+    )
+    .unwrap();
+    let (out, err) = run(&[
+        "query",
+        "--format",
+        "csv",
+        "SELECT id, note FROM public.t ORDER BY id",
+    ]);
+    assert_eq!(out, "id,note\n1,\n2,\n3,added\n", "{err}");
+    assert!(!early(&err), "{err}");
+    let (_, err) = count();
+    assert!(early(&err), "the new record is kept too: {err}");
+    std::fs::remove_file(schemas.join("2.json")).unwrap();
+    std::fs::remove_file(root.path().join("2026/12/04/p-3-3.ndjson")).unwrap();
+    let (out, err) = count();
+    assert_eq!(out, "rows,total\n2,30\n", "{err}");
 
     // A compaction since: the logs moved on and are read again.
     write_inserts(root.path(), 3..=3);

@@ -8,6 +8,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
+use serde::{Deserialize, Serialize};
 
 use crate::archive::codec::Codec;
 use crate::archive::key::{parse_key, under};
@@ -226,11 +227,11 @@ pub(crate) async fn load_schemas(
 /// records again but reads only the objects it does not have (records are
 /// written once, under a name of their own; one whose size or tag differs
 /// is read again).
-#[derive(Debug, Default, Clone, PartialEq)]
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct SchemaObjects(BTreeMap<String, ReadRecord>);
 
 /// A schema record and the size and entity tag of the object it was read from.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct ReadRecord {
     size: u64,
     e_tag: Option<String>,

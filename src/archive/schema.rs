@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use super::envelope::TableRef;
 
-/// One schema record.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// One schema record. (Serialized only where a reader keeps the records it
+/// read, see `query::known`; the writer builds the record's bytes itself.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SchemaRecord {
     /// `schema.table`, as the change lines name it.
     pub table: String,

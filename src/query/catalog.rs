@@ -80,6 +80,20 @@ pub(crate) struct Previous<'a> {
     pub shapes: Option<&'a BTreeMap<String, Arc<TableShape>>>,
 }
 
+/// The tables' shapes the schema records give, by `schema.table`.
+pub(crate) fn shapes(schemas: &SchemaObjects) -> BTreeMap<String, Arc<TableShape>> {
+    schemas
+        .by_table()
+        .iter()
+        .map(|(table, records)| {
+            (
+                table.clone(),
+                Arc::new(TableShape::from_records(table, records)),
+            )
+        })
+        .collect()
+}
+
 /// The archive as one query sees it.
 #[derive(Debug)]
 pub(crate) struct Archive {
@@ -154,22 +168,10 @@ impl Archive {
             },
         )?;
         let read_schemas = started.elapsed();
-        let shapes: BTreeMap<String, Arc<TableShape>> = schema_objects
-            .by_table()
-            .iter()
-            .map(|(table, records)| {
-                (
-                    table.clone(),
-                    Arc::new(TableShape::from_records(table, records)),
-                )
-            })
-            .collect();
+        let shapes = shapes(&schema_objects);
+        let early = logs_kept && unchanged.is_some_and(|(last, _)| *last == shapes);
         let (compacted, logs_read, objects) = match (unchanged, early_objects) {
-            (Some((last_shapes, entries)), Some(objects))
-                if logs_kept && *last_shapes == shapes =>
-            {
-                (entries.clone(), 0, objects)
-            }
+            (Some((_, entries)), Some(objects)) if early => (entries.clone(), 0, objects),
             _ => {
                 // The logs are read after the schema records: a table's
                 // compacted columns are among the records the run read.
@@ -193,6 +195,7 @@ impl Archive {
             schemas_ms = read_schemas.as_secs_f64() * 1e3,
             logs_and_listing_ms = (read_logs - read_schemas).as_secs_f64() * 1e3,
             logs_read,
+            early,
             objects = objects.len(),
             "snapshot of the archive taken"
         );

@@ -6,7 +6,11 @@
 //! log on S3. A table whose logs have not moved on since (one or two HEADs
 //! per log, see [`compacted::logs_moved`]) keeps the entry read then; a
 //! table whose logs moved, or that the file does not know, is read again,
-//! and the file rewritten. The file is only a shortcut: missing, unreadable,
+//! and the file rewritten. The schema records read are kept too (by each
+//! object's size and entity tag, see [`SchemaObjects`]): with the shapes
+//! they give, the next query checks the logs and lists the NDJSON while it
+//! lists the records, as a statement at the prompt does, rather than after.
+//! The file is only a shortcut: missing, unreadable,
 //! of another archive or another waltail version, it is ignored, and a
 //! state folder that does not exist or cannot be written means no file.
 
@@ -15,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::archive::listing::SchemaObjects;
 use crate::lakehouse::compacted::{self, TableEntry};
 
 /// Where the entries are kept, and for which archive.
@@ -32,6 +37,15 @@ struct KnownFile {
     /// The archive root's URL and the pipeline, `<url>#<pipeline>`.
     archive: String,
     tables: BTreeMap<String, TableEntry>,
+    #[serde(default)]
+    schemas: SchemaObjects,
+}
+
+/// What the last query read: its compacted tables and schema records.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Kept {
+    pub tables: BTreeMap<String, TableEntry>,
+    pub schemas: SchemaObjects,
 }
 
 impl Known {
@@ -44,19 +58,23 @@ impl Known {
     }
 
     /// The entries the last query kept, if they are of this archive.
-    pub(crate) fn read(&self) -> Option<BTreeMap<String, TableEntry>> {
+    pub(crate) fn read(&self) -> Option<Kept> {
         let bytes = std::fs::read(&self.path).ok()?;
         let file: KnownFile = serde_json::from_slice(&bytes)
             .inspect_err(|e| tracing::debug!(path = %self.path.display(), error = %e, "ignoring the kept Delta log entries"))
             .ok()?;
-        (file.waltail == env!("CARGO_PKG_VERSION") && file.archive == self.archive)
-            .then_some(file.tables)
+        (file.waltail == env!("CARGO_PKG_VERSION") && file.archive == self.archive).then_some(
+            Kept {
+                tables: file.tables,
+                schemas: file.schemas,
+            },
+        )
     }
 
     /// Keeps `entries` for the next query: those whose commits were looked
     /// up (see [`compacted::mark_logs`]). Written to a file of its own and
     /// renamed over the last, so a concurrent query reads one or the other.
-    pub(crate) fn write(&self, entries: &BTreeMap<String, TableEntry>) {
+    pub(crate) fn write(&self, entries: &BTreeMap<String, TableEntry>, schemas: &SchemaObjects) {
         let Some(dir) = self.path.parent().filter(|d| d.is_dir()) else {
             return;
         };
@@ -68,6 +86,7 @@ impl Known {
                 .filter(|(_, e)| e.logs.iter().flatten().all(compacted::LogMark::is_whole))
                 .map(|(t, e)| (t.clone(), e.clone()))
                 .collect(),
+            schemas: schemas.clone(),
         };
         let written = serde_json::to_vec(&file)
             .map_err(std::io::Error::other)
@@ -121,10 +140,21 @@ mod tests {
         let mut unmarked = entry(4);
         unmarked.logs[0].as_mut().unwrap().size = None;
         entries.insert("public.u".into(), unmarked);
-        known.write(&entries);
+        let schemas: SchemaObjects = serde_json::from_value(serde_json::json!({
+            "_schemas/public.t/1.json": {"size": 120, "e_tag": "e1", "record": {
+                "table": "public.t", "version": 1, "replica_identity": "default",
+                "columns": [{"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true}]
+            }}
+        }))
+        .unwrap();
+        known.write(&entries, &schemas);
         let back = known.read().unwrap();
-        assert_eq!(back.keys().collect::<Vec<_>>(), ["public.t"]);
-        assert_eq!(back["public.t"], entries["public.t"]);
+        assert_eq!(back.tables.keys().collect::<Vec<_>>(), ["public.t"]);
+        assert_eq!(back.tables["public.t"], entries["public.t"]);
+        assert_eq!(
+            back.schemas, schemas,
+            "the schema records come back as read"
+        );
         // Another archive or pipeline with the same state folder: nothing.
         let other = url::Url::parse("file:///srv/other/").unwrap();
         assert_eq!(Known::new(dir.path(), "p", &other).read(), None);
@@ -137,11 +167,11 @@ mod tests {
         // A damaged file is ignored, and replaced by the next write.
         std::fs::write(dir.path().join("p.query.json"), b"{\"waltail\":").unwrap();
         assert_eq!(known.read(), None);
-        known.write(&entries);
+        known.write(&entries, &schemas);
         assert!(known.read().is_some());
         // A state folder that does not exist: nothing written, no error.
         let gone = Known::new(&dir.path().join("missing"), "p", &url);
-        gone.write(&entries);
+        gone.write(&entries, &schemas);
         assert_eq!(gone.read(), None);
     }
 }

@@ -121,8 +121,9 @@ impl Query {
     async fn session(&self, phases: &mut Phases) -> Result<(SessionContext, Arc<Archive>)> {
         let started = Instant::now();
         let mut kept = self.session.lock().await;
-        // The last statement's entries, or at the first the last query's.
-        let on_disk;
+        // The last statement's snapshot, or at the first what the last
+        // query kept.
+        let (on_disk, disk_shapes);
         let previous = match kept.as_ref() {
             Some((_, last)) => Previous {
                 entries: Some(&last.compacted),
@@ -131,9 +132,11 @@ impl Query {
             },
             None => {
                 on_disk = self.known.read();
+                disk_shapes = on_disk.as_ref().map(|k| catalog::shapes(&k.schemas));
                 Previous {
-                    entries: on_disk.as_ref(),
-                    ..Previous::default()
+                    entries: on_disk.as_ref().map(|k| &k.tables),
+                    schemas: on_disk.as_ref().map(|k| &k.schemas),
+                    shapes: disk_shapes.as_ref(),
                 }
             }
         };
@@ -146,8 +149,11 @@ impl Query {
             &previous,
         )
         .await?;
-        if previous.entries != Some(&archive.compacted) {
-            self.known.write(&archive.compacted);
+        if previous.entries != Some(&archive.compacted)
+            || previous.schemas != Some(&archive.schema_objects)
+        {
+            self.known
+                .write(&archive.compacted, &archive.schema_objects);
         }
         if let (Some(At::Time(t)), Some(seq)) = (&self.at, archive.max_seq) {
             eprintln!(
