@@ -323,6 +323,14 @@ pub(crate) fn session(archive: Arc<Archive>) -> std::result::Result<SessionConte
     // date range) decodes the other columns only for the rows that match.
     config.options_mut().execution.parquet.pushdown_filters = true;
     config.options_mut().execution.parquet.reorder_filters = true;
+    // But not the filters a top-k or a join derives while it runs: pushed
+    // into the Parquet decoding they are evaluated row by row as they
+    // tighten, which cost more than they saved (the top 10 by amount of
+    // 357,600 latest rows: 34 ms with them, 22 ms without; the latest view
+    // joined to the history: 101 ms with, 89 ms without).
+    let optimizer = &mut config.options_mut().optimizer;
+    optimizer.enable_topk_dynamic_filter_pushdown = false;
+    optimizer.enable_join_dynamic_filter_pushdown = false;
     let ctx = SessionContext::new_with_config(config);
     let url = ObjectStoreUrl::parse(ARCHIVE_URL).expect("a valid URL");
     ctx.register_object_store(url.as_ref(), Arc::clone(&archive.store));
