@@ -855,6 +855,23 @@ fn tiny_archive(root: &std::path::Path) -> std::path::PathBuf {
     dir
 }
 
+/// Adds a `note text` column to the archive of [`tiny_archive`] (its schema
+/// record 2) and an insert at `seq` that has it (`note` = `added`).
+fn add_note_column(root: &std::path::Path, seq: u64) {
+    let schema2 = json!({"table": "public.t", "version": 2, "replica_identity": "default", "columns": [
+        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
+        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false},
+        {"name": "note", "type": "text", "type_oid": 25, "type_modifier": -1, "key": false}]});
+    std::fs::write(root.join("_schemas/public.t/2.json"), schema2.to_string()).unwrap();
+    let line = json!({"op": "insert", "table": "public.t", "data": {"id": seq, "n": seq * 10, "note": "added"},
+        "old": null, "seq": seq, "idempotency_key": format!("k{seq}"), "commit_lsn": format!("0/{:X}", seq * 8)});
+    std::fs::write(
+        root.join(format!("2026/12/04/p-{seq}-{seq}.ndjson")),
+        format!("{line}\n"),
+    )
+    .unwrap();
+}
+
 /// The environment of waltail over the archive of [`tiny_archive`], its
 /// state folder `root/state`.
 fn tiny_env(root: &std::path::Path) -> Vec<(&'static str, std::path::PathBuf)> {
@@ -877,7 +894,7 @@ fn tiny_env(root: &std::path::Path) -> Vec<(&'static str, std::path::PathBuf)> {
 #[test]
 fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_changes() {
     let root = tempfile::tempdir().unwrap();
-    let dir = tiny_archive(root.path());
+    tiny_archive(root.path());
     write_inserts(root.path(), 1..=2);
     let env = tiny_env(root.path());
     let mut child = Command::new("script")
@@ -981,18 +998,7 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
     assert!(text.contains("value\r\n1234\r\n"), "{text}");
     // A column added (a new schema record, and a change that has it): the
     // next statement sees it, though no log moved.
-    let schema2 = json!({"table": "public.t", "version": 2, "replica_identity": "default", "columns": [
-        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
-        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false},
-        {"name": "note", "type": "text", "type_oid": 25, "type_modifier": -1, "key": false}]});
-    std::fs::write(dir.join("2.json"), schema2.to_string()).unwrap();
-    let line = json!({"op": "insert", "table": "public.t", "data": {"id": 4, "n": 40, "note": "added"},
-        "old": null, "seq": 4, "idempotency_key": "k4", "commit_lsn": "0/20"});
-    std::fs::write(
-        root.path().join("2026/12/04/p-4-4.ndjson"),
-        format!("{line}\n"),
-    )
-    .unwrap();
+    add_note_column(root.path(), 4);
     say("SELECT count(*) AS rows, max(note) AS note FROM public.t;");
     let text = wait_for("Time: ", 8);
     assert!(text.contains("rows,note\r\n4,added\r\n"), "{text}");
@@ -1070,18 +1076,7 @@ fn a_query_keeps_the_delta_logs_it_read_for_the_next_and_never_a_stale_one() {
 
     // A column added (a new schema record, and a change that has it): the
     // shapes kept no longer match, and the next query reads the new one.
-    let schema2 = json!({"table": "public.t", "version": 2, "replica_identity": "default", "columns": [
-        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
-        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false},
-        {"name": "note", "type": "text", "type_oid": 25, "type_modifier": -1, "key": false}]});
-    std::fs::write(schemas.join("2.json"), schema2.to_string()).unwrap();
-    let line = json!({"op": "insert", "table": "public.t", "data": {"id": 3, "n": 30, "note": "added"},
-        "old": null, "seq": 3, "idempotency_key": "k3", "commit_lsn": "0/18"});
-    std::fs::write(
-        root.path().join("2026/12/04/p-3-3.ndjson"),
-        format!("{line}\n"),
-    )
-    .unwrap();
+    add_note_column(root.path(), 3);
     let (out, err) = run(&[
         "query",
         "--format",
