@@ -76,6 +76,12 @@ pub(super) struct AtView {
     expected_keys: usize,
     /// The data columns.
     schema: SchemaRef,
+    /// The rows last built and the columns they hold: a statement reading
+    /// those columns or some of them (at the prompt, where the snapshot's
+    /// tables are kept while the archive is unchanged, or a self-join)
+    /// takes them instead of rebuilding. One set at a time, so memory holds
+    /// at most the view's rows in the columns one statement read.
+    built: std::sync::Mutex<Option<(Vec<usize>, Vec<RecordBatch>)>>,
 }
 
 impl AtView {
@@ -102,7 +108,28 @@ impl AtView {
             at,
             expected_keys,
             schema,
+            built: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The rows in `columns`, from the last ones built if they hold those
+    /// columns.
+    async fn rows_kept(&self, columns: &[usize]) -> Result<Vec<RecordBatch>> {
+        if let Some((held, batches)) = self.built.lock().expect("not poisoned").as_ref()
+            && let Some(places) = columns
+                .iter()
+                .map(|c| held.iter().position(|h| h == c))
+                .collect::<Option<Vec<usize>>>()
+        {
+            return batches
+                .iter()
+                .map(|b| b.project(&places))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| Error::bug(format!("projecting {}: {e}", self.shape.table)));
+        }
+        let batches = self.rows(columns).await?;
+        *self.built.lock().expect("not poisoned") = Some((columns.to_vec(), batches.clone()));
+        Ok(batches)
     }
 
     /// The view's rows in the data columns `columns` (indexes in the
@@ -307,7 +334,7 @@ impl TableProvider for AtView {
             None => (0..self.schema.fields().len()).collect(),
         };
         let batches = self
-            .rows(&columns)
+            .rows_kept(&columns)
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let schema = Arc::new(self.schema.project(&columns)?);
@@ -457,5 +484,51 @@ mod tests {
                 .count();
         }
         assert!(left_out > 20, "the changes leave doc out often: {left_out}");
+    }
+
+    /// A statement reading columns already built takes them: shown by
+    /// deleting the history after the first statement.
+    #[tokio::test]
+    async fn a_statement_reading_columns_already_built_takes_them() {
+        let shape = Arc::new(TableShape::test_t());
+        let changes = changes(&shape);
+        let (store, files) = history(&shape, &changes).await;
+        let at = 150;
+        let mut overlay = Overlay::new(Arc::clone(&shape), false);
+        for c in changes.iter().filter(|c| c.seq <= at) {
+            overlay.apply(c.clone());
+        }
+        let expected = id_and_doc(&overlay.batches(7), Some(0), Some(1));
+        let sql = |ctx: datafusion::prelude::SessionContext, q: &'static str| async move {
+            ctx.sql(q).await?.collect().await
+        };
+        let both = datafusion::prelude::SessionContext::new();
+        let view = AtView::new(store.clone(), Arc::clone(&shape), files.clone(), at, 2);
+        both.register_table("v", Arc::new(view)).unwrap();
+        let only_doc = datafusion::prelude::SessionContext::new();
+        let view = AtView::new(store.clone(), Arc::clone(&shape), files.clone(), at, 2);
+        only_doc.register_table("v", Arc::new(view)).unwrap();
+        let rows = sql(both.clone(), "SELECT id, doc FROM v").await.unwrap();
+        assert_eq!(id_and_doc(&rows, Some(0), Some(1)), expected);
+        sql(only_doc.clone(), "SELECT doc FROM v").await.unwrap();
+        for f in &files {
+            store.delete(&Path::from(f.as_str())).await.unwrap();
+        }
+        let rows = sql(both.clone(), "SELECT doc, id FROM v").await.unwrap();
+        assert_eq!(id_and_doc(&rows, Some(1), Some(0)), expected);
+        let rows = sql(both.clone(), "SELECT count(*) AS n FROM v")
+            .await
+            .unwrap();
+        let n = rows[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        assert_eq!(n.value(0) as usize, expected.len());
+        assert!(sql(only_doc.clone(), "SELECT doc FROM v").await.is_ok());
+        assert!(
+            sql(only_doc, "SELECT id, doc FROM v").await.is_err(),
+            "a column not built is read from the history, which is gone"
+        );
     }
 }
