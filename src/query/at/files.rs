@@ -36,13 +36,14 @@ fn unreadable(key: &str, e: &dyn std::fmt::Display) -> Error {
 /// changes up to `at`, in batches of [`BATCH_ROWS`] (small enough for
 /// their buffers to be used again rather than grown into fresh memory),
 /// each with the position of its first row in the file; stops early if
-/// no one receives them.
+/// no one receives them. Returns the file's metadata, for the second pass
+/// to read its chosen rows without loading it again.
 pub(super) async fn change_columns(
     store: Arc<dyn ObjectStore>,
     key: String,
     at: u64,
     tx: tokio::sync::mpsc::Sender<(u64, RecordBatch)>,
-) -> Result<()> {
+) -> Result<ArrowReaderMetadata> {
     let mut file = StoredFile::new(store, &key, None);
     let meta = ArrowReaderMetadata::load_async(&mut file, ArrowReaderOptions::new())
         .await
@@ -60,12 +61,12 @@ pub(super) async fn change_columns(
         while let Some(batch) = batches.try_next().await.map_err(|e| unreadable(&key, &e))? {
             let n = batch.num_rows() as u64;
             if tx.send((next, batch)).await.is_err() {
-                return Ok(());
+                return Ok(meta);
             }
             next += n;
         }
     }
-    Ok(())
+    Ok(meta)
 }
 
 /// The position in its file of row group `g`'s first row.
@@ -110,17 +111,16 @@ fn groups_up_to(metadata: &ParquetMetaData, at: u64) -> Vec<usize> {
         .collect()
 }
 
-/// The rows at `positions` (sorted) of a history file, in `schema`.
+/// The rows at `positions` (sorted) of a history file, in `schema`; `meta`
+/// as pass 1 loaded it.
 pub(super) async fn chosen_rows(
     store: Arc<dyn ObjectStore>,
     key: String,
-    positions: Vec<u64>,
+    meta: ArrowReaderMetadata,
+    positions: Arc<[u64]>,
     schema: SchemaRef,
 ) -> Result<RecordBatch> {
-    let mut file = StoredFile::new(store, &key, None);
-    let meta = ArrowReaderMetadata::load_async(&mut file, ArrowReaderOptions::new())
-        .await
-        .map_err(|e| unreadable(&key, &e))?;
+    let file = StoredFile::new(store, &key, None);
     let total = meta.metadata().file_metadata().num_rows() as u64;
     let mask = roots(&meta, schema.fields().iter().map(|f| f.name().as_str()));
     // One batch of every row chosen: nothing to join afterwards.

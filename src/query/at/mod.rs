@@ -42,6 +42,7 @@ use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStore;
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
 use self::files::{change_columns, chosen_rows};
 use self::versions::{NULL_ROW, RowId, Versions, split};
@@ -136,17 +137,12 @@ impl AtView {
     /// shape), as batches.
     async fn rows(&self, columns: &[usize]) -> Result<Vec<RecordBatch>> {
         let started = std::time::Instant::now();
-        let versions = self.versions(columns).await?;
+        let (versions, metas) = self.versions(columns).await?;
         let replayed = started.elapsed();
         let schema = Arc::new(self.schema.project(columns).expect("columns of the shape"));
-        let (live, n) = if columns.is_empty() {
-            (Vec::new(), versions.live_count())
-        } else {
-            let live = versions.live();
-            let n = live.len();
-            (live, n)
-        };
-        let batches = if columns.is_empty() {
+        let (batches, n) = if columns.is_empty() {
+            // A count: the live keys, no values.
+            let n = versions.live_count();
             let empty = |rows| {
                 RecordBatch::try_new_with_options(
                     Arc::clone(&schema),
@@ -155,12 +151,15 @@ impl AtView {
                 )
                 .expect("no columns")
             };
-            (0..n)
+            let batches = (0..n)
                 .step_by(BATCH_ROWS)
                 .map(|start| empty(BATCH_ROWS.min(n - start)))
-                .collect()
+                .collect();
+            (batches, n)
         } else {
-            self.values(&schema, &versions, &live)
+            let live = versions.live();
+            let batches = self
+                .values(&schema, &versions, &metas, &live)
                 .await?
                 .iter()
                 .flat_map(|b| {
@@ -168,7 +167,8 @@ impl AtView {
                         .step_by(BATCH_ROWS)
                         .map(|start| b.slice(start, BATCH_ROWS.min(b.num_rows() - start)))
                 })
-                .collect()
+                .collect();
+            (batches, live.len())
         };
         tracing::debug!(
             table = %self.shape.table,
@@ -185,10 +185,11 @@ impl AtView {
 
     /// Pass 1: the changes up to `at`, file after file, row group after
     /// row group, the next files' change columns read (on other tasks)
-    /// while one is applied.
-    async fn versions(&self, columns: &[usize]) -> Result<Versions> {
+    /// while one is applied. Also each file's metadata, for pass 2.
+    async fn versions(&self, columns: &[usize]) -> Result<(Versions, Vec<ArrowReaderMetadata>)> {
         let mut versions = Versions::new(Arc::clone(&self.shape), columns, self.expected_keys);
         let mut reading = VecDeque::new();
+        let mut metas = Vec::with_capacity(self.files.len());
         let mut files = self.files.iter().enumerate();
         loop {
             while reading.len() < READ_AHEAD {
@@ -209,10 +210,12 @@ impl AtView {
                 versions.apply(file, first, &batch, self.at)?;
             }
             // The channel closes when the task ends: with an error, or done.
-            task.await
-                .map_err(|e| Error::bug(format!("reading a history file stopped: {e}")))??;
+            metas.push(
+                task.await
+                    .map_err(|e| Error::bug(format!("reading a history file stopped: {e}")))??,
+            );
         }
-        Ok(versions)
+        Ok((versions, metas))
     }
 
     /// Pass 2: the `live` versions (sorted) in the columns of `schema`,
@@ -221,6 +224,7 @@ impl AtView {
         &self,
         schema: &SchemaRef,
         versions: &Versions,
+        metas: &[ArrowReaderMetadata],
         live: &[RowId],
     ) -> Result<Vec<RecordBatch>> {
         let columns = schema.fields().len();
@@ -242,21 +246,25 @@ impl AtView {
             Some(sources) => sources.iter().flatten().for_each(|&row| want(row)),
             None => live.iter().for_each(|&row| want(row)),
         }
-        for positions in &mut wanted {
-            positions.sort_unstable();
-            positions.dedup();
-        }
-        let reads: Vec<(usize, String, Vec<u64>)> = wanted
+        let wanted: Vec<Arc<[u64]>> = wanted
+            .into_iter()
+            .map(|mut positions| {
+                positions.sort_unstable();
+                positions.dedup();
+                positions.into()
+            })
+            .collect();
+        let reads: Vec<(usize, String, ArrowReaderMetadata, Arc<[u64]>)> = wanted
             .iter()
             .enumerate()
             .filter(|(_, p)| !p.is_empty())
-            .map(|(i, p)| (i, self.files[i].clone(), p.clone()))
+            .map(|(i, p)| (i, self.files[i].clone(), metas[i].clone(), Arc::clone(p)))
             .collect();
         let read: Vec<(usize, RecordBatch)> = futures::stream::iter(reads)
-            .map(|(i, key, positions)| {
+            .map(|(i, key, meta, positions)| {
                 let (store, schema) = (Arc::clone(&self.store), Arc::clone(schema));
                 async move {
-                    tokio::spawn(chosen_rows(store, key, positions, schema))
+                    tokio::spawn(chosen_rows(store, key, meta, positions, schema))
                         .await
                         .map_err(|e| Error::bug(format!("reading a history file stopped: {e}")))?
                         .map(|batch| (i, batch))
