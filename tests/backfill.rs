@@ -452,6 +452,19 @@ async fn backfill_resumes_after_kill9() {
     let changes = assert_replay_equals_tables(&db, &prefix, &pipeline).await;
     let reads = reads_per_row(&changes);
     assert_read_once(&reads);
+    // Chunk rows wait in files beside the state until their high watermark
+    // is confirmed: none is left once the backfill is archived, not even
+    // those of the chunks the kills cut short.
+    let chunks = w
+        .dir
+        .path()
+        .join("waltail-state")
+        .join(format!("{pipeline}.chunks"));
+    let left: Vec<_> = std::fs::read_dir(&chunks)
+        .unwrap_or_else(|e| panic!("{}: {e}", chunks.display()))
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left in {}: {left:?}", chunks.display());
     db.drop_db().await;
 }
 

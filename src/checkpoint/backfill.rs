@@ -6,6 +6,7 @@
 use rusqlite::{OptionalExtension, params};
 
 use super::Checkpoint;
+use super::chunks::{self, ChunkFiles};
 use crate::error::ErrorKind;
 use crate::{Error, Result};
 
@@ -282,8 +283,8 @@ impl Checkpoint {
     }
 
     /// Stores a chunk's rows `(row hash, data JSON)`, before its high
-    /// watermark is written. The rows go in as one blob (see [`chunk_body`]):
-    /// one write per chunk, not one per row.
+    /// watermark is written: in the chunk's file (see [`chunks`]), synced,
+    /// then the chunk marked stored.
     pub(crate) fn store_chunk(
         &mut self,
         chunk: i64,
@@ -292,19 +293,22 @@ impl Checkpoint {
         is_last: bool,
         members: &str,
     ) -> Result<()> {
+        let files = self.chunk_files();
+        files.write(chunk, rows).map_err(|e| {
+            Error::io(
+                format!(
+                    "cannot store the rows of backfill chunk {chunk} in {}",
+                    files.dir().display()
+                ),
+                e,
+            )
+        })?;
         self.conn
             .execute(
                 "UPDATE backfill_chunks SET stored = 1, rows = ?2, last_key = ?3, is_last = ?4,
-                     members = ?5, body = ?6
+                     members = ?5
                  WHERE id = ?1",
-                params![
-                    chunk,
-                    rows.len() as i64,
-                    last_key,
-                    is_last,
-                    members,
-                    chunk_body(rows)
-                ],
+                params![chunk, rows.len() as i64, last_key, is_last, members],
             )
             .map(|_| ())
             .map_err(self.err())
@@ -334,23 +338,42 @@ impl Checkpoint {
     }
 
     /// A stored chunk's rows `(row hash, data JSON)`, in key order (empty
-    /// once forgotten).
+    /// once forgotten). A state of an earlier release may hold them in the
+    /// database instead of a file.
     pub(crate) fn chunk_rows(&self, chunk: i64) -> Result<Vec<(u64, Vec<u8>)>> {
-        let body: Option<Vec<u8>> = self
+        let found: Option<(bool, bool, Option<Vec<u8>>)> = self
             .conn
             .query_row(
-                "SELECT body FROM backfill_chunks WHERE id = ?1",
+                "SELECT stored, kept, body FROM backfill_chunks WHERE id = ?1",
                 [chunk],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()
-            .map_err(self.err())?
-            .flatten();
-        chunk_rows_of(body.as_deref().unwrap_or_default()).ok_or_else(|| {
+            .map_err(self.err())?;
+        let Some((stored, true, body)) = found else {
+            return Ok(Vec::new());
+        };
+        let files = self.chunk_files();
+        let file = files.read(chunk).map_err(|e| {
+            Error::io(
+                format!(
+                    "cannot read the rows of backfill chunk {chunk} in {}",
+                    files.dir().display()
+                ),
+                e,
+            )
+        })?;
+        let rows = match (file, body) {
+            (Some(file), _) => chunks::decode(&file),
+            (None, Some(body)) => chunks::decode_rows(&body),
+            (None, None) if stored => None,
+            (None, None) => Some(Vec::new()),
+        };
+        rows.ok_or_else(|| {
             Error::fatal(
                 format!(
-                    "backfill chunk {chunk} in {} is damaged",
-                    self.path.display()
+                    "the rows of backfill chunk {chunk} in {} are damaged or missing",
+                    files.dir().display()
                 ),
                 "cancel the backfill (`waltail backfill --cancel`) and start it again",
             )
@@ -442,40 +465,68 @@ impl Checkpoint {
     /// lane's chunks pass through the stream one after another, while
     /// another lane's chunk with a lower id may still be on its way.
     pub(crate) fn forget_chunks(&mut self, confirmed_lsn: u64) -> Result<()> {
-        self.conn
-            .execute(
-                "UPDATE backfill_chunks SET body = NULL WHERE body IS NOT NULL AND id <= (
+        let path = self.path.display().to_string();
+        let err = |source| Error::State {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(err)?;
+        let forgotten: Vec<i64> = tx
+            .prepare(
+                "UPDATE backfill_chunks SET kept = 0, body = NULL WHERE kept = 1 AND id <= (
                      SELECT COALESCE(MAX(d.id), 0) FROM backfill_chunks d
-                     WHERE d.done = 1 AND d.hw_end <= ?1 AND d.lane = backfill_chunks.lane)",
-                [confirmed_lsn as i64],
+                     WHERE d.done = 1 AND d.hw_end <= ?1 AND d.lane = backfill_chunks.lane)
+                 RETURNING id",
             )
-            .map(|_| ())
-            .map_err(self.err())
+            .and_then(|mut stmt| {
+                stmt.query_map([confirmed_lsn as i64], |r| r.get(0))?
+                    .collect()
+            })
+            .map_err(err)?;
+        tx.commit().map_err(err)?;
+        let files = self.chunk_files();
+        for chunk in forgotten {
+            files
+                .remove(chunk)
+                .map_err(|e| self.file_error(&files, "remove", e))?;
+        }
+        Ok(())
     }
-}
 
-/// A chunk's rows as one blob: per row, the row hash (8 bytes LE), the
-/// data's length (4 bytes LE) and the data.
-fn chunk_body(rows: &[(u64, Vec<u8>)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(rows.iter().map(|(_, d)| d.len() + 12).sum());
-    for (hash, data) in rows {
-        out.extend_from_slice(&hash.to_le_bytes());
-        out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-        out.extend_from_slice(data);
+    /// Removes chunk files whose rows are no longer kept (left when a
+    /// process stopped between forgetting a chunk and removing its file, or
+    /// while writing a chunk it never stored and has since forgotten).
+    /// Safe while readers store chunks: a chunk's row is in the state,
+    /// kept, before its file is written.
+    pub(crate) fn sweep_chunk_files(&self) -> Result<()> {
+        let kept: std::collections::HashSet<i64> = self
+            .conn
+            .prepare("SELECT id FROM backfill_chunks WHERE kept = 1")
+            .and_then(|mut stmt| stmt.query_map([], |r| r.get(0))?.collect())
+            .map_err(self.err())?;
+        let files = self.chunk_files();
+        let removed = files
+            .sweep(|chunk| kept.contains(&chunk))
+            .map_err(|e| self.file_error(&files, "sweep", e))?;
+        if removed > 0 {
+            tracing::debug!(removed, dir = %files.dir().display(), "removed chunk files no longer kept");
+        }
+        Ok(())
     }
-    out
-}
 
-/// The rows of [`chunk_body`]; `None` if the blob is cut short.
-fn chunk_rows_of(mut body: &[u8]) -> Option<Vec<(u64, Vec<u8>)>> {
-    let mut rows = Vec::new();
-    while !body.is_empty() {
-        let hash = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
-        let len = u32::from_le_bytes(body.get(8..12)?.try_into().ok()?) as usize;
-        rows.push((hash, body.get(12..12 + len)?.to_vec()));
-        body = &body[12 + len..];
+    fn chunk_files(&self) -> ChunkFiles {
+        ChunkFiles::beside(&self.path)
     }
-    Some(rows)
+
+    fn file_error(&self, files: &ChunkFiles, doing: &str, e: std::io::Error) -> Error {
+        Error::io(
+            format!(
+                "cannot {doing} backfill chunk files in {}",
+                files.dir().display()
+            ),
+            e,
+        )
+    }
 }
 
 /// A progress sample: at `at` (Unix seconds) the next seq was `next_seq`
@@ -602,6 +653,42 @@ mod tests {
         assert!(cp.chunk_rows(c1).unwrap().is_empty());
         assert!(cp.chunk_rows(c3).unwrap().is_empty());
         assert_eq!(cp.chunk_rows(c4).unwrap().len(), 2);
+        // The rows live in files beside the state; forgotten ones are gone.
+        let file = |c: i64| dir.path().join(format!("s.chunks/{c}.rows"));
+        assert!(!file(c1).exists() && !file(c2).exists() && !file(c3).exists());
+        assert!(file(c4).exists());
+        // A file left behind (a stop between the forgetting and the removal)
+        // goes at the next sweep; a kept chunk's file stays.
+        std::fs::write(file(c1), b"left").unwrap();
+        cp.sweep_chunk_files().unwrap();
+        assert!(!file(c1).exists() && file(c4).exists());
+        // A kept chunk whose file is gone is an error, not an empty chunk.
+        std::fs::remove_file(file(c4)).unwrap();
+        let err = cp.chunk_rows(c4).unwrap_err().to_string();
+        assert!(err.contains("damaged or missing"), "{err}");
+    }
+
+    /// A state of an earlier release kept chunk rows in the database: they
+    /// are read from there until forgotten.
+    #[test]
+    fn chunk_rows_kept_in_the_database_by_an_earlier_release_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sqlite");
+        let mut cp = Checkpoint::open(&path).unwrap();
+        let id = cp.request_backfill("public", "t", 2, 3).unwrap();
+        let c = cp.new_chunk(id, 0, 0).unwrap();
+        let mut body = Vec::new();
+        chunks::encode_rows(&[(1, b"abc".to_vec())], &mut body);
+        cp.conn
+            .execute(
+                "UPDATE backfill_chunks SET stored = 1, rows = 1, body = ?2 WHERE id = ?1",
+                params![c, body],
+            )
+            .unwrap();
+        assert_eq!(cp.chunk_rows(c).unwrap(), vec![(1, b"abc".to_vec())]);
+        cp.complete_chunk(c, 10, 1, &[]).unwrap();
+        cp.forget_chunks(10).unwrap();
+        assert!(cp.chunk_rows(c).unwrap().is_empty());
     }
 
     /// A state from before ranges and lanes: its chunk tables gain their
@@ -634,12 +721,5 @@ mod tests {
             (b.status.as_str(), b.last_key.as_deref()),
             ("done", Some(r#"["9"]"#))
         );
-    }
-
-    #[test]
-    fn a_cut_chunk_body_is_refused() {
-        let body = chunk_body(&[(1, b"abc".to_vec())]);
-        assert!(chunk_rows_of(&body[..body.len() - 1]).is_none());
-        assert_eq!(chunk_rows_of(&body).unwrap(), vec![(1, b"abc".to_vec())]);
     }
 }

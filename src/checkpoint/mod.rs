@@ -18,15 +18,18 @@
 //!   `waltail parked replay` delivers a parked batch under the same key and
 //!   releases the held ones in seq order.
 //! - backfills: what was asked, how far each got (the last key of the last
-//!   chunk handed to the pipeline), and the rows of the chunks whose high
-//!   watermark is not confirmed yet, so a restart emits the same `read`
-//!   events with the same bytes (see `source::backfill`).
+//!   chunk handed to the pipeline), and the chunks whose high watermark is
+//!   not confirmed yet, whose rows wait in files beside the database (see
+//!   [`chunks`]), so a restart emits the same `read` events with the same
+//!   bytes (see `source::backfill`).
 //!
 //! This file holds the database, the cursor, the intents and the schema
 //! versions; [`schema`] the tables, [`parked`] the parked and held batches,
-//! [`backfill`] the backfills' chunks and the progress samples.
+//! [`backfill`] the backfills' chunks and the progress samples, [`chunks`]
+//! the files of the chunks' rows.
 
 mod backfill;
+mod chunks;
 pub(crate) mod parked;
 mod schema;
 

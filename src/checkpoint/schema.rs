@@ -111,11 +111,15 @@ fn add_column(conn: &Connection, table: &str, column: &str, decl: &str) -> rusql
 }
 
 /// The columns added to the state since its first release.
-const ADDED_COLUMNS: [(&str, &str, &str); 4] = [
+const ADDED_COLUMNS: [(&str, &str, &str); 5] = [
     ("intents", "codec", "TEXT"),
     // Parallel backfill: the key range a chunk reads, the reader (lane) it
     // belongs to, and which of its rows were left out at its high watermark.
     ("backfill_chunks", "range_id", "INTEGER"),
     ("backfill_chunks", "lane", "INTEGER NOT NULL DEFAULT 0"),
     ("backfill_chunks", "skipped", "BLOB"),
+    // Chunk rows in files beside the state: whether a chunk's rows are
+    // kept (in its file, or in `body` for a state of an earlier release)
+    // or forgotten.
+    ("backfill_chunks", "kept", "INTEGER NOT NULL DEFAULT 1"),
 ];

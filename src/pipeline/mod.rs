@@ -222,6 +222,7 @@ impl<'a> Pipeline<'a> {
         }
         let data_version = checkpoint.data_version()?;
         checkpoint.forget_chunks(cursor.confirmed_lsn)?;
+        checkpoint.sweep_chunk_files()?;
         backfill.poke(checkpoint)?;
         let mut pipeline = Pipeline {
             checkpoint,
