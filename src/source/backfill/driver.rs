@@ -14,8 +14,8 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::{
-    Mark, Passed, Server, check_server, connect, emit, ensure_watermark_table, in_progress, plan,
-    read_chunk, sessions_of, split, still_in_progress,
+    Mark, Passed, Plans, Server, check_server, connect, emit, ensure_watermark_table, in_progress,
+    plan, read_chunk, sessions_of, split, still_in_progress,
 };
 use crate::backoff::Backoff;
 use crate::checkpoint::{Backfill, Checkpoint, KeyRange};
@@ -253,6 +253,7 @@ async fn read_lane(
         lane,
         ahead: VecDeque::new(),
         passed: &mut passed,
+        plans: Plans::default(),
     };
     loop {
         let range = queue.lock().expect("not poisoned").pop_front();
@@ -298,6 +299,7 @@ struct Lane<'a> {
     /// Its chunks handed over and not yet passed by the pipeline.
     ahead: VecDeque<i64>,
     passed: &'a mut watch::Receiver<Passed>,
+    plans: Plans,
 }
 
 impl Lane<'_> {
@@ -317,6 +319,7 @@ impl Lane<'_> {
             let Some(backfill) = state.backfill(id)?.filter(Backfill::is_active) else {
                 return Ok(false); // cancelled
             };
+            let cycle = std::time::Instant::now();
             while self.ahead.len() >= LOOKAHEAD {
                 let oldest = self.ahead.pop_front().expect("not empty");
                 if self
@@ -328,12 +331,16 @@ impl Lane<'_> {
                     return Ok(false);
                 }
             }
+            let waited = cycle.elapsed();
             // Planned for every chunk: a column added or dropped meanwhile is
             // read (and recorded in the chunk's schema) as it now is.
-            let plan = plan(catalog, table).await?;
+            let plan = self.plans.get(catalog, table).await?;
             let client = catalog.client().expect("the catalog has a client");
             let chunk = state.new_chunk(id, range.id, lane)?;
             let started = std::time::Instant::now();
+            let planned = started - cycle - waited;
+            let mut stored_in = Duration::ZERO;
+            let mut copied_in = Duration::ZERO;
             emit(client, server, &config.pipeline, lane, chunk, Mark::Low).await?;
             let mut read_took = Duration::ZERO;
             let read = async {
@@ -343,6 +350,7 @@ impl Lane<'_> {
                     Waited::Cancelled => return Ok(Chunk::Cancelled),
                     Waited::TimedOut(xids) => return Ok(Chunk::Busy(xids)),
                 }
+                let copying = std::time::Instant::now();
                 let rows = read_chunk(
                     client,
                     &plan,
@@ -351,7 +359,9 @@ impl Lane<'_> {
                     backfill.chunk_size,
                 )
                 .await?;
+                copied_in = copying.elapsed();
                 read_took = started.elapsed();
+                let storing = std::time::Instant::now();
                 state.store_chunk(
                     chunk,
                     &rows.rows,
@@ -359,6 +369,7 @@ impl Lane<'_> {
                     rows.is_last,
                     &plan.members,
                 )?;
+                stored_in = storing.elapsed();
                 Ok::<_, Error>(Chunk::Read(rows))
             }
             .await;
@@ -392,7 +403,18 @@ impl Lane<'_> {
                 }
             };
             emit(client, server, &config.pipeline, lane, chunk, Mark::High).await?;
-            tracing::debug!(chunk, lane, rows = rows.rows.len(), read = ?read_took, took = ?started.elapsed(), "backfill chunk read and stored");
+            tracing::debug!(
+                chunk,
+                lane,
+                rows = rows.rows.len(),
+                waited = ?waited,
+                planned = ?planned,
+                read = ?read_took,
+                copied = ?copied_in,
+                stored = ?stored_in,
+                took = ?started.elapsed(),
+                "backfill chunk read and stored"
+            );
             self.ahead.push_back(chunk);
             if rows.is_last {
                 return Ok(true);

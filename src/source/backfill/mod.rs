@@ -55,7 +55,7 @@ use std::sync::Arc;
 
 pub(crate) use copy::read_chunk;
 pub(crate) use snapshot::{in_progress, sessions_of, still_in_progress};
-pub(crate) use table::{Estimate, TablePlan, estimate, plan, split};
+pub(crate) use table::{Estimate, Plans, TablePlan, estimate, plan, split};
 use tokio_postgres::Client;
 pub(crate) use watermarks::{CANCEL_CHUNK, Mark, Passed, Watermark, emit, ensure_watermark_table};
 
