@@ -673,3 +673,69 @@ async fn backfill_can_be_cancelled() {
     run.stop();
     db.drop_db().await;
 }
+
+/// A column added while a table is read is read (and recorded in the
+/// schema) from the next chunk on: each reader checks the table's catalog
+/// entry before every chunk and plans again when it changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_column_added_during_a_backfill_is_read_from_the_next_chunk() {
+    const ROWS: usize = 40_000;
+    let db = TestDb::new("bfalter").await;
+    db.exec(&format!(
+        "CREATE TABLE a (id int PRIMARY KEY, v int);
+         INSERT INTO a SELECT g, g FROM generate_series(1, {ROWS}) g;
+         ANALYZE a;"
+    ))
+    .await;
+    let pipeline = unique("bfalter").replace('_', "-");
+    let prefix = format!("backfill/{pipeline}");
+    let mut w = Waltail::new(&db, &pipeline, "public.a");
+    // Paced, so the column comes in the middle of the table.
+    w.s3(&prefix)
+        .set("WALTAIL_DELIVERY_RATE_LIMIT", "5000")
+        .set("WALTAIL_BACKFILL_PARALLELISM", "2");
+    w.spawn(&["backfill", "--yes", "--chunk-size", "500"]);
+    eventually(Duration::from_secs(60), "some read events", async || {
+        s3_objects(&prefix).await.len() >= 5
+    })
+    .await;
+    db.exec("ALTER TABLE a ADD COLUMN extra text DEFAULT 'x'")
+        .await;
+    let status = tokio::task::block_in_place(|| w.wait_exit(Duration::from_secs(120)));
+    assert!(status.success(), "{}", w.log());
+
+    let objects = s3_objects(&prefix).await;
+    let mut reads: Vec<Value> = checked_changes(&objects, Some(&prefix), &pipeline)
+        .into_iter()
+        .filter(|c| c["op"] == "read")
+        .collect();
+    reads.sort_by_key(|c| c["seq"].as_u64().unwrap());
+    assert_eq!(reads.len(), ROWS);
+    let with: Vec<bool> = reads
+        .iter()
+        .map(|c| c["data"].get("extra").is_some())
+        .collect();
+    let first = with
+        .iter()
+        .position(|&w| w)
+        .expect("no read event has the added column");
+    assert!(first > 0, "every read event has the added column");
+    // Chunks already read when the column came may still go out after it
+    // (the other reader's), but a reader that saw it never reads without it.
+    let after: Vec<&Value> = reads[first..].iter().collect();
+    let without = after
+        .iter()
+        .filter(|c| c["data"].get("extra").is_none())
+        .count();
+    assert!(
+        without <= 2 * 500,
+        "{without} read events after the first with the column lack it"
+    );
+    assert!(
+        after
+            .iter()
+            .filter(|c| c["data"].get("extra").is_some())
+            .all(|c| c["data"]["extra"] == "x")
+    );
+    db.drop_db().await;
+}
