@@ -4,6 +4,7 @@
 //! and who runs them, for the log.
 
 use tokio_postgres::Client;
+use tokio_postgres::types::Type;
 
 use super::Server;
 use crate::{Error, Result};
@@ -44,10 +45,11 @@ pub(crate) async fn in_progress(client: &Client, server: Server) -> Result<Vec<S
         .batch_execute(take)
         .await
         .map_err(|e| Error::postgres("taking a transaction id", e))?;
+    // Typed: one round trip, no statement prepared first (as below).
     client
-        .query_one(list, &[])
+        .query_typed(list, &[])
         .await
-        .map(|r| r.get(0))
+        .map(|rows| rows[0].get(0))
         .map_err(|e| Error::postgres("listing the transactions in progress", e))
 }
 
@@ -69,7 +71,7 @@ pub(crate) async fn still_in_progress(
         "txid_visible_in_snapshot(x::bigint, txid_current_snapshot())"
     };
     client
-        .query_one(
+        .query_typed(
             &format!(
                 "SELECT COALESCE(array_agg(x), '{{}}') FROM unnest($1::text[]) x
              WHERE NOT {visible}
@@ -78,10 +80,10 @@ pub(crate) async fn still_in_progress(
                    WHERE a.backend_xid::text = (x::numeric % 4294967296)::text
                      AND a.state IN ('idle in transaction', 'idle in transaction (aborted)'))"
             ),
-            &[&xids],
+            &[(&xids, Type::TEXT_ARRAY)],
         )
         .await
-        .map(|r| r.get(0))
+        .map(|rows| rows[0].get(0))
         .map_err(|e| Error::postgres("checking the transactions in progress", e))
 }
 

@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::Client;
+use tokio_postgres::types::Type;
 
 use crate::config::TableName;
 use crate::error::ErrorKind;
@@ -206,12 +207,11 @@ WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')";
 
 /// A reader's plans, made again only when the table's catalog entry
 /// changed. Every chunk checks (a column added or dropped meanwhile is read
-/// and recorded as it now is), but the check is one round trip of a
-/// prepared statement, where planning takes several queries: at the
-/// default chunk size the plan alone took about a fifth of a chunk's time.
+/// and recorded as it now is), but the check is one round trip, where
+/// planning takes several queries: at the default chunk size the plan
+/// alone took about a fifth of a chunk's time.
 #[derive(Default)]
 pub(crate) struct Plans {
-    print: Option<Statement>,
     last: Option<(String, Arc<TablePlan>)>,
 }
 
@@ -225,18 +225,14 @@ impl Plans {
         let client = catalog
             .client()
             .ok_or_else(|| Error::fatal("backfill needs an SQL connection", "check source.url"))?;
-        let pg = |e| Error::postgres(format!("looking up table {table}"), e);
-        let print = match &self.print {
-            Some(statement) => statement.clone(),
-            None => {
-                let statement = client.prepare(CATALOG_PRINT).await.map_err(pg)?;
-                self.print.insert(statement).clone()
-            }
-        };
         let now: Option<String> = client
-            .query_opt(&print, &[&table.schema, &table.name])
+            .query_typed(
+                CATALOG_PRINT,
+                &[(&table.schema, Type::TEXT), (&table.name, Type::TEXT)],
+            )
             .await
-            .map_err(pg)?
+            .map_err(|e| Error::postgres(format!("looking up table {table}"), e))?
+            .first()
             .map(|r| r.get(0));
         if let (Some(now), Some((then, plan))) = (&now, &self.last)
             && now == then

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
+use tokio_postgres::types::Type;
 
 use super::Server;
 use crate::config::SourceConfig;
@@ -87,12 +88,14 @@ pub(crate) async fn emit(
     })
     .expect("a watermark serialises");
     let written = if server.has_messages() {
+        // Typed: one round trip, no statement prepared first.
         client
-            .execute(
+            .query_typed(
                 "SELECT pg_logical_emit_message(true, $1, $2)",
-                &[&MESSAGE_PREFIX, &content],
+                &[(&MESSAGE_PREFIX, Type::TEXT), (&content, Type::TEXT)],
             )
             .await
+            .map(|_| 0)
     } else {
         // One transaction (a simple query's statements share one): the
         // lock makes the parallel readers' watermarks take turns, so each
