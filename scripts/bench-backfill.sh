@@ -24,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROWS=${ROWS:-1000000}
 BATCH=${BATCH:-1000}
-CHUNK=${CHUNK:-5000}
+CHUNK=${CHUNK:-20000}
 DESTS=${DESTS-folder s3}
 PARALLELISM=${PARALLELISM:-1 2}
 LAT_RATE=${LAT_RATE:-}

@@ -59,7 +59,7 @@ pub enum Command {
         #[arg(long, short)]
         yes: bool,
         /// Rows per chunk, each read in one short transaction [default:
-        /// backfill.chunk_size, 5000]
+        /// backfill.chunk_size, 20000]
         #[arg(long, value_name = "ROWS")]
         chunk_size: Option<u64>,
         /// Cancel the backfills in progress instead

@@ -53,7 +53,7 @@ pub(super) struct RawConfig {
 #[serde(deny_unknown_fields)]
 #[schemars(rename = "Backfill")]
 pub(super) struct RawBackfill {
-    /// Rows read per chunk, one short snapshot each. Default 5000.
+    /// Rows read per chunk, one short snapshot each. Default 20000.
     #[schemars(range(min = 1, max = MAX_COUNT))]
     pub(super) chunk_size: Option<i64>,
     /// `read` events per object while a batch holds only those. Default 1000.
