@@ -963,11 +963,15 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
         t[1].contains("unchanged: tables kept") && t[1].contains("plan ") && t[1].contains("run "),
         "{t:?}"
     );
+    // A lone query ran on the last snapshot while the snapshot was taken.
+    assert!(t[1].contains("the statement ran meanwhile"), "{t:?}");
     // A new object: the next statement takes a new snapshot and sees it.
     write_inserts(root.path(), 3..=3);
     say("SELECT count(*) AS rows, sum(n) AS total FROM public.t;");
     let text = wait_for("Time: ", 3);
+    // The answer of the early run on the last snapshot (2,30) is dropped.
     assert!(text.contains("rows,total\r\n3,60\r\n"), "{text}");
+    assert_eq!(text.matches("rows,total\r\n2,30\r\n").count(), 2, "{text}");
     assert!(!times(&text)[2].contains("tables kept"), "{text}");
     // A compaction commits to the table's Delta logs: the next statement
     // reads the new snapshot (the same answer, now from Parquet), and the
