@@ -165,6 +165,21 @@ pub mod smallvec_lite {
     }
 }
 
+/// `Uuid::new_v5(namespace, name)`, hashed with RustCrypto's `sha1`, which
+/// uses the CPU's SHA instructions where it has them, instead of uuid's
+/// portable `sha1_smol`: this runs once per change (3% of the pipeline's
+/// CPU in a backfill's profile). The same bytes: a test compares the two.
+pub fn v5(namespace: &Uuid, name: &[u8]) -> Uuid {
+    use sha1::Digest as _;
+    let mut hash = sha1::Sha1::new();
+    hash.update(namespace.as_bytes());
+    hash.update(name);
+    let digest = hash.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_sha1_bytes(bytes).into_uuid()
+}
+
 /// Appends the change's envelope line (with its trailing newline) to `out`.
 pub fn write_line(out: &mut Vec<u8>, namespace: &Uuid, change: &Change, seq: u64) {
     use std::io::Write as _;
@@ -197,7 +212,7 @@ pub fn write_line(out: &mut Vec<u8>, namespace: &Uuid, change: &Change, seq: u64
     out.extend_from_slice(b",\"seq\":");
     write!(out, "{seq}").expect("writing to a Vec cannot fail");
     out.extend_from_slice(b",\"idempotency_key\":\"");
-    let key = Uuid::new_v5(namespace, &name[..name_len]);
+    let key = v5(namespace, &name[..name_len]);
     out.extend_from_slice(
         key.hyphenated()
             .encode_lower(&mut Uuid::encode_buffer())
@@ -211,12 +226,30 @@ pub fn write_line(out: &mut Vec<u8>, namespace: &Uuid, change: &Change, seq: u64
 /// The idempotency key of the change at `index` in the transaction committed at `lsn`.
 pub fn idempotency_key(namespace: &Uuid, lsn: &str, index: u32) -> Uuid {
     let name = format!("{lsn}/{index}");
-    Uuid::new_v5(namespace, name.as_bytes())
+    v5(namespace, name.as_bytes())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keys must not change across releases: [`v5`] gives uuid's own v5.
+    #[test]
+    fn v5_is_uuids_v5() {
+        let pipeline = pipeline_namespace("orders");
+        for ns in [Uuid::NAMESPACE_URL, Uuid::NAMESPACE_OID, pipeline] {
+            for name in [
+                &b""[..],
+                b"0/1/0",
+                b"16/B374D848/4294967295",
+                &[7u8; 55],
+                &[7u8; 56],
+                &[9u8; 200],
+            ] {
+                assert_eq!(v5(&ns, name), Uuid::new_v5(&ns, name), "{name:?}");
+            }
+        }
+    }
 
     fn change(op: Op) -> Change {
         Change {
