@@ -2,8 +2,8 @@
 //! next snapshot is taken.
 //!
 //! Every statement takes its own snapshot (schema records, Delta logs, the
-//! listing of the NDJSON tail), and at the prompt that check was a third of
-//! a repeated statement's time, paid before the statement began. When the
+//! listing of the NDJSON tail), and at the prompt that check was a fifth to
+//! a third of a repeated statement's time, paid before the statement began. When the
 //! archive has not changed, which is the usual case between two statements
 //! typed by a person, the answer on the last snapshot is the answer. So a
 //! query runs on the last snapshot's tables at once, holding its result in
