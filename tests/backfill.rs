@@ -711,6 +711,11 @@ async fn a_column_added_during_a_backfill_is_read_from_the_next_chunk() {
         .collect();
     reads.sort_by_key(|c| c["seq"].as_u64().unwrap());
     assert_eq!(reads.len(), ROWS);
+    let ids: std::collections::BTreeSet<i64> = reads
+        .iter()
+        .map(|c| c["data"]["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids.len(), ROWS, "every row read once");
     let with: Vec<bool> = reads
         .iter()
         .map(|c| c["data"].get("extra").is_some())

@@ -294,6 +294,7 @@ impl Checkpoint {
         members: &str,
     ) -> Result<()> {
         let files = self.chunk_files();
+        super::create_private_dir(files.dir())?;
         files.write(chunk, rows).map_err(|e| {
             Error::io(
                 format!(

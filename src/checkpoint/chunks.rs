@@ -46,15 +46,9 @@ impl ChunkFiles {
     }
 
     /// Writes a chunk's rows and makes them durable: the file and the
-    /// folder's entry for it are synced before this returns.
+    /// folder's entry for it are synced before this returns. The folder
+    /// must exist (the state creates it as its own, private).
     pub(super) fn write(&self, chunk: i64, rows: &[(u64, Vec<u8>)]) -> std::io::Result<()> {
-        if !self.dir.is_dir() {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&self.dir)?;
-        }
         let mut file = OpenOptions::new()
             .write(true)
             .create(true)
@@ -176,6 +170,7 @@ mod tests {
         assert_eq!(files.dir(), dir.path().join("p.chunks"));
         assert_eq!(files.read(1).unwrap(), None);
         assert_eq!(files.sweep(|_| false).unwrap(), 0, "no folder yet");
+        std::fs::create_dir(files.dir()).unwrap();
         for chunk in 1..=3 {
             files
                 .write(chunk, &[(chunk as u64, b"x".to_vec())])

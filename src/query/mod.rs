@@ -209,9 +209,7 @@ impl Query {
             .map(|(ctx, _)| ctx.clone());
         let (session, early) = match (last, statements.front()) {
             (Some(last), Some(only)) if statements.len() == 1 && early::may_run_early(only) => {
-                let (session, early) =
-                    tokio::join!(self.session(&mut phases), early::run(&last, only.clone()));
-                (session, early)
+                tokio::join!(self.session(&mut phases), early::run(&last, only.clone()))
             }
             _ => (self.session(&mut phases).await, None),
         };
