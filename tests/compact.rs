@@ -1484,14 +1484,26 @@ fn commit_infos(table: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Where a kill -9 of a compact run falls.
+enum Kill {
+    /// This long after the start.
+    After(Duration),
+    /// As soon as the history's commit is seen: between the two commits.
+    HistoryCommitted,
+    /// As soon as the latest view's commit is seen: after both.
+    LatestCommitted,
+}
+
 /// kill -9 at moments spread over runs (seeded, so a failure repeats):
 /// before any file, while they are written, between the two commits, after
-/// them. The next run always goes on; at the end the tables hold every
-/// change once, both readers open them, and each commit of the latest view
-/// starts at the seq after the one before it.
+/// them; then, whatever the machine's load did to those times, once right at
+/// the start, once as the history commits and once as the latest view does.
+/// The next run always goes on; at the end the tables hold every change
+/// once, both readers open them, and each commit of the latest view starts
+/// at the seq after the one before it.
 #[tokio::test(flavor = "multi_thread")]
 async fn compacts_killed_at_any_moment_lose_nothing_and_commit_nothing_twice() {
-    let total = 6000;
+    let total = 10_000;
     let archive = generate_archive(total, 400, 41, 4500);
     let mut w = Waltail::without_db("gen", "public.t");
     let root = w.dir.path().join("archive");
@@ -1505,31 +1517,59 @@ async fn compacts_killed_at_any_moment_lose_nothing_and_commit_nothing_twice() {
     compact(&w, &[]);
     let run = started.elapsed();
     let (mut written, mut rng) = (2000, fastrand::Rng::with_seed(41));
+    let directed = [
+        Kill::After(Duration::ZERO),
+        Kill::HistoryCommitted,
+        Kill::LatestCommitted,
+    ];
+    // The directed kills each get 1,000 new changes of their own.
+    let reserved = 1000 * directed.len() as u64;
+    let moments = (0..12)
+        .map(|_| Kill::After(run.mul_f64(rng.f64() * 1.6)))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .chain(directed);
+    let seq = async |role| snapshot(&root, role).await.and_then(|p| p.seq);
     let (mut none, mut both) = (0, 0);
-    // Twelve rounds at least; more (up to 40) until kills fell both before
-    // and after the commits, whatever the machine's load does to the times.
-    for round in 0..40 {
-        if round >= 12 && none > 0 && both > 0 {
-            break;
-        }
-        if round % 2 == 0 && written < total {
+    for (round, moment) in moments.enumerate() {
+        let caught_up = seq(Role::Latest).await == Some(written);
+        let room = match moment {
+            Kill::After(d) if !d.is_zero() => total - reserved,
+            _ => total,
+        };
+        if written < room && (caught_up || round % 2 == 0 || room == total) {
             write_archive(&root, &archive, written + 1, written + 1000);
             written += 1000;
         }
-        let seq = async |role| snapshot(&root, role).await.and_then(|p| p.seq);
         let had_work = seq(Role::Latest).await != Some(written);
+        let history_before = seq(Role::History).await;
         w.spawn(&["compact"]);
-        std::thread::sleep(run.mul_f64(rng.f64() * 1.6));
+        let waited = Instant::now();
+        let committed = async |role, until: &dyn Fn(Option<u64>) -> bool| {
+            while !until(seq(role).await) {
+                assert!(
+                    waited.elapsed() < Duration::from_secs(60),
+                    "no {role:?} commit in 60 s"
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        };
+        match moment {
+            Kill::After(d) => std::thread::sleep(d),
+            Kill::HistoryCommitted => committed(Role::History, &|s| s != history_before).await,
+            Kill::LatestCommitted => committed(Role::Latest, &|s| s == Some(written)).await,
+        }
         w.kill9();
         let (history, latest) = (seq(Role::History).await, seq(Role::Latest).await);
         assert!(history >= latest, "the history is committed first");
         match latest {
             _ if !had_work => {}
             Some(s) if s == written => both += 1,
-            _ if history == latest => none += 1,
+            _ if history == history_before => none += 1,
             _ => {}
         }
     }
+    assert_eq!(written, total);
     assert!(
         none > 0 && both > 0,
         "kills before ({none}) and after ({both}) the commits of a run of {run:?}"
