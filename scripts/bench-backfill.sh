@@ -51,7 +51,7 @@ scripts/s3-start.sh >/dev/null
 psql() { "$PG_BIN/psql" -X -q -t -A -v ON_ERROR_STOP=1 "$url" "$@"; }
 psql -c "CREATE TABLE bench (id bigint PRIMARY KEY, payload text, n int, at timestamptz DEFAULT now())" \
      -c "INSERT INTO bench (id, payload, n) SELECT g, md5(g::text) || md5((g * 7)::text) || md5((g * 13)::text), g % 1000 FROM generate_series(1, $ROWS) g" \
-     -c "VACUUM ANALYZE bench"
+     -c "VACUUM ANALYZE bench" -c "CHECKPOINT"
 size=$(psql -c "SELECT pg_size_pretty(pg_total_relation_size('bench'))")
 
 export WALTAIL_SOURCE_URL=$url WALTAIL_SOURCE_TABLES=public.bench

@@ -23,8 +23,10 @@ use crate::source::backfill::{
 use crate::source::catalog::TypeCatalog;
 use crate::{Error, Result};
 
-/// How often the state is read for progress.
-const POLL: Duration = Duration::from_millis(250);
+/// How often the state is read for progress and for the backfill's end:
+/// the command returns at most this long after the last chunk is archived
+/// (a read of a few rows of the state, cheap at this rate).
+const POLL: Duration = Duration::from_millis(50);
 /// Without a terminal, a progress line this often.
 const LINE_EVERY: Duration = Duration::from_secs(10);
 /// A running pipeline that has sampled no progress for this long is

@@ -92,13 +92,23 @@ impl Pipeline<'_> {
                     self.windows.sent(lane, 0, Vec::new());
                     return Ok(());
                 };
+                let started = std::time::Instant::now();
                 let rows = self.checkpoint.chunk_rows(chunk.id)?;
+                let loaded = started.elapsed();
                 let skipped = self
                     .windows
                     .skipped(lane, rows.iter().map(|(hash, _)| *hash));
                 let sent = self
                     .emit_chunk(chunk, rows, &skipped, commit_lsn, commit_ts)
                     .await?;
+                tracing::debug!(
+                    chunk = chunk.id,
+                    lane,
+                    sent,
+                    loaded = ?loaded,
+                    took = ?started.elapsed(),
+                    "backfill chunk emitted"
+                );
                 self.windows.sent(lane, sent, skipped);
             }
         }
