@@ -1492,23 +1492,30 @@ enum Kill {
     HistoryCommitted,
     /// As soon as the latest view's commit is seen: after both.
     LatestCommitted,
+    /// As soon as the run's spool folder is there: while files are written.
+    SpoolMade,
 }
 
 /// kill -9 at moments spread over runs (seeded, so a failure repeats):
 /// before any file, while they are written, between the two commits, after
 /// them; then, whatever the machine's load did to those times, once right at
-/// the start, once as the history commits and once as the latest view does.
-/// The next run always goes on; at the end the tables hold every change
-/// once, both readers open them, and each commit of the latest view starts
-/// at the seq after the one before it.
+/// the start, once as the history commits, once as the latest view does,
+/// and once as the run's spool is made. The next run always goes on and
+/// removes the spool a killed one left; at the end the tables hold every
+/// change once, both readers open them, and each commit of the latest view
+/// starts at the seq after the one before it.
 #[tokio::test(flavor = "multi_thread")]
 async fn compacts_killed_at_any_moment_lose_nothing_and_commit_nothing_twice() {
     let total = 10_000;
     let archive = generate_archive(total, 400, 41, 4500);
     let mut w = Waltail::without_db("gen", "public.t");
     let root = w.dir.path().join("archive");
+    // The runs' spools, where this test sees what killed runs leave.
+    let tmp = w.dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
     w.set("WALTAIL_DESTINATION_TYPE", "file")
-        .set("WALTAIL_DESTINATION_PATH", root.to_str().unwrap());
+        .set("WALTAIL_DESTINATION_PATH", root.to_str().unwrap())
+        .set("TMPDIR", tmp.to_str().unwrap());
     write_archive(&root, &archive, 1, 1000);
     compact(&w, &[]);
     // How long a run of 1,000 changes over a view takes here.
@@ -1521,8 +1528,10 @@ async fn compacts_killed_at_any_moment_lose_nothing_and_commit_nothing_twice() {
         Kill::After(Duration::ZERO),
         Kill::HistoryCommitted,
         Kill::LatestCommitted,
+        Kill::SpoolMade,
     ];
-    // The directed kills each get 1,000 new changes of their own.
+    // The directed kills each get 1,000 new changes of their own, so each
+    // run has work (the spool's last).
     let reserved = 1000 * directed.len() as u64;
     let moments = (0..12)
         .map(|_| Kill::After(run.mul_f64(rng.f64() * 1.6)))
@@ -1530,6 +1539,12 @@ async fn compacts_killed_at_any_moment_lose_nothing_and_commit_nothing_twice() {
         .into_iter()
         .chain(directed);
     let seq = async |role| snapshot(&root, role).await.and_then(|p| p.seq);
+    let spools = || -> BTreeSet<std::ffi::OsString> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect()
+    };
     let (mut none, mut both) = (0, 0);
     for (round, moment) in moments.enumerate() {
         let caught_up = seq(Role::Latest).await == Some(written);
@@ -1543,6 +1558,7 @@ async fn compacts_killed_at_any_moment_lose_nothing_and_commit_nothing_twice() {
         }
         let had_work = seq(Role::Latest).await != Some(written);
         let history_before = seq(Role::History).await;
+        let spools_before = spools();
         w.spawn(&["compact"]);
         let waited = Instant::now();
         let committed = async |role, until: &dyn Fn(Option<u64>) -> bool| {
@@ -1558,6 +1574,15 @@ async fn compacts_killed_at_any_moment_lose_nothing_and_commit_nothing_twice() {
             Kill::After(d) => std::thread::sleep(d),
             Kill::HistoryCommitted => committed(Role::History, &|s| s != history_before).await,
             Kill::LatestCommitted => committed(Role::Latest, &|s| s == Some(written)).await,
+            Kill::SpoolMade => {
+                while spools().is_subset(&spools_before) {
+                    assert!(
+                        waited.elapsed() < Duration::from_secs(60),
+                        "no spool in 60 s"
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
         }
         w.kill9();
         let (history, latest) = (seq(Role::History).await, seq(Role::Latest).await);
@@ -1574,8 +1599,13 @@ async fn compacts_killed_at_any_moment_lose_nothing_and_commit_nothing_twice() {
         none > 0 && both > 0,
         "kills before ({none}) and after ({both}) the commits of a run of {run:?}"
     );
-    let out = compact(&w, &[]);
-    assert!(!out.contains("error"), "{out}");
+    // The last run killed left its spool (each run removed those before
+    // it); the next run removes it, and leaves none of its own.
+    assert_eq!(spools().len(), 1, "the spool of the last run killed");
+    let (status, out, err) = w.output(&["compact"]);
+    assert!(status.success() && !out.contains("error"), "{out}\n{err}");
+    assert!(err.contains("removed a compaction spool"), "{err}");
+    assert_eq!(spools().len(), 0, "no spool left after a whole run");
     let history = root.join("parquet/public/t");
     let latest = root.join("latest/public/t");
     assert_eq!(

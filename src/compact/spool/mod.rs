@@ -61,9 +61,11 @@
 //!
 //! The files live in a temporary folder under `TMPDIR`, removed when the
 //! spool is dropped (also on an error); a run killed -9 leaves it behind
-//! (`waltail-spool-*`), and the next run starts over from the archive.
+//! (`waltail-spool-*`), the next run removes it (see [`folder`]) and starts
+//! over from the archive.
 
 mod combine;
+mod folder;
 mod round;
 
 use std::collections::{BTreeMap, HashSet};
@@ -73,6 +75,7 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 
 use self::combine::{EARLY_CHANGES, Pending, combine, combining_may_pay};
+use self::folder::SpoolDir;
 pub use self::round::{
     ChangeRows, PARTITIONS, Role, Spooled, Step, bucket_of, change_rows, key_hash, spool_schema,
 };
@@ -136,7 +139,7 @@ pub struct TableSpool {
 pub struct Spool {
     /// Shared with the writer of a round, so that the folder outlives it
     /// when the spool is dropped mid-write (an error).
-    dir: Arc<tempfile::TempDir>,
+    dir: Arc<SpoolDir>,
     tables: BTreeMap<String, TableSpool>,
     /// The estimated memory ([`held_bytes`]) of the buffered and the
     /// combined rows, and the Arrow memory of the rows pushed in batches.
@@ -184,10 +187,7 @@ impl Spool {
     /// An empty spool in a new temporary folder, holding about `budget`
     /// bytes of rows in memory (twice that while a round is written).
     pub fn new(budget: u64) -> Result<Spool> {
-        let dir = tempfile::Builder::new()
-            .prefix("waltail-spool-")
-            .tempdir()
-            .map_err(|e| Error::io("cannot create the compaction spool folder under TMPDIR", e))?;
+        let dir = SpoolDir::new_in(&std::env::temp_dir())?;
         Ok(Spool {
             dir: Arc::new(dir),
             tables: BTreeMap::new(),
