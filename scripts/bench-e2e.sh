@@ -224,6 +224,11 @@ backlog() {
           FROM generate_series($ROWS_A + 1 + t * 10, $ROWS_A + 10 + t * 10) g;
         COMMIT;
       END LOOP; END \$\$"
+# Backlog c updates the rows backlog a inserts; without a, they are put
+# there first, before c's slots exist (so they are not part of c).
+if [[ $BACKLOGS == *c* && $BACKLOGS != *a* ]]; then
+  psql -c "INSERT INTO bench SELECT g, md5(g::text) || md5((g+1)::text), g FROM generate_series(1, $UPD_C) g" >/dev/null
+fi
 [[ $BACKLOGS != *c* ]] || backlog c "c. $UPD_C tx x 1 update" "$UPD_C" \
   -c "DO \$\$ BEGIN FOR i IN 1..$UPD_C LOOP
         UPDATE bench SET n = n + 1 WHERE id = i;

@@ -209,16 +209,27 @@ fn keep_freed_memory() {
     }
 }
 
-/// Turns transparent huge pages off for this process (`prctl`), for
-/// `waltail query`: mimalloc asks the kernel for 2 MiB pages, and each one
-/// a short query touches is zeroed whole, mostly for nothing. Measured on
-/// the benchmark archive of `scripts/bench-query.sh` (`perf record`): a
-/// third of a small query's CPU went to `clear_page_erms`; with small
-/// pages (and the fixed-address binary, see `build.rs`) the whole process
-/// took 20-30% less wall time on the short queries, and 4-12% more on the
-/// long ones (the window over every version, `--at`), within this VM's
-/// swings but not in their favour: short queries are the common case. A
-/// `MIMALLOC_ALLOW_THP` the user set wins.
+/// Turns transparent huge pages off for this process (`prctl`), for every
+/// command but `compact`: mimalloc asks the kernel for 2 MiB pages, and
+/// each one the process touches is zeroed whole, mostly for nothing.
+/// Measured:
+/// - `waltail query` on the benchmark archive of `scripts/bench-query.sh`
+///   (`perf record`): a third of a small query's CPU went to
+///   `clear_page_erms`; with small pages (and the fixed-address binary, see
+///   `build.rs`) the whole process took 20-30% less wall time on the short
+///   queries, and 4-12% more on the long ones (the window over every
+///   version, `--at`), within this VM's swings but not in their favour:
+///   short queries are the common case.
+/// - `waltail run` (`scripts/bench-e2e.sh`, backlogs b and c, two
+///   alternated pairs): the same CPU per object, peak RSS 37-39 MB -> 32-34
+///   MB.
+/// - `waltail backfill` (`scripts/bench-backfill.sh`, 1,000,000 rows into a
+///   folder, two readers, eleven alternated pairs): no CPU
+///   difference beyond this VM's swings; which binary ran first in a pair
+///   mattered more.
+///
+/// `compact` keeps them: it holds hundreds of MiB for the whole run (see
+/// [`keep_freed_memory`]). A `MIMALLOC_ALLOW_THP` the user set wins.
 fn small_pages() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
@@ -291,7 +302,7 @@ pub fn main() -> ExitCode {
         // Before any thread starts: mimalloc's options are not thread safe.
         keep_freed_memory();
     }
-    if matches!(cli.command, Command::Query { .. }) {
+    if !matches!(cli.command, Command::Compact { .. }) {
         small_pages();
     }
     let mut builder = tokio::runtime::Builder::new_multi_thread();

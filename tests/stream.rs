@@ -86,6 +86,12 @@ async fn default_destination_is_the_local_folder() {
     let pipeline = unique("files").replace('_', "-");
     let mut w = Waltail::new(&db, &pipeline, "public.orders,public.customers");
     w.start();
+    // The streaming process runs on small pages (`cli::small_pages`), as
+    // the kernel reports where it says (Linux 6.x does).
+    let proc_status = std::fs::read_to_string(format!("/proc/{}/status", w.pid())).unwrap();
+    if let Some(thp) = proc_status.lines().find(|l| l.starts_with("THP_enabled:")) {
+        assert_eq!(thp.split_whitespace().nth(1), Some("0"), "{proc_status}");
+    }
     workload_replays_from_the_folder(&db, &w, &pipeline, 2, 60).await;
     w.stop();
     db.drop_db().await;
