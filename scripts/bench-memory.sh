@@ -12,6 +12,7 @@
 # can run beside the tests; stops both by pid at the end.
 # Usage: scripts/bench-memory.sh            (release build; takes ~10 min)
 #        ROWS=200000 DOWN=30 scripts/bench-memory.sh    (DOWN=0 skips part 2)
+#        BENCH_BIN=path/to/waltail scripts/bench-memory.sh  (that binary, no build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROWS=${ROWS:-1000000}
@@ -34,8 +35,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cargo build --release --quiet
-bin=${CARGO_TARGET_DIR:-target}/release/waltail
+if [ -n "${BENCH_BIN:-}" ]; then bin=$BENCH_BIN; else
+  cargo build --release --quiet
+  bin=${CARGO_TARGET_DIR:-target}/release/waltail
+fi
 url=$(scripts/pg-start.sh)
 scripts/s3-start.sh >/dev/null
 psql() { "$PG_BIN/psql" -X -q -t -A -v ON_ERROR_STOP=1 "$url" "$@"; }
