@@ -24,7 +24,7 @@ use crate::source::catalog::TypeCatalog;
 use crate::{Error, Result};
 
 /// How often the state is read for progress and for the backfill's end:
-/// the command returns at most this long after the last chunk is archived
+/// the command sees the end at most this long after the state records it
 /// (a read of a few rows of the state, cheap at this rate).
 const POLL: Duration = Duration::from_millis(50);
 /// Without a terminal, a progress line this often.
