@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use crate::{Error, Result};
 
 /// The start of every spool folder's name.
-pub(super) const PREFIX: &str = "waltail-spool-";
+const PREFIX: &str = "waltail-spool-";
 
 /// The file a live run holds locked in its spool folder.
 const LOCK: &str = "lock";
@@ -117,6 +117,11 @@ fn size(dir: &Path) -> u64 {
 mod tests {
     use super::*;
 
+    fn name(spool: &SpoolDir) -> String {
+        let name = spool.path().file_name().unwrap();
+        name.to_string_lossy().into_owned()
+    }
+
     fn spools(parent: &Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(parent)
             .unwrap()
@@ -132,12 +137,7 @@ mod tests {
         let p = parent.path();
         // A live run's spool: locked.
         let live = SpoolDir::new_in(p).unwrap();
-        let live_name = live
-            .path()
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
+        let live_name = name(&live);
         // A killed run's: its lock file is there, nobody holds it.
         std::fs::create_dir(p.join("waltail-spool-killed")).unwrap();
         File::create(p.join("waltail-spool-killed/lock")).unwrap();
@@ -154,12 +154,7 @@ mod tests {
         std::fs::write(p.join("waltail-spool-file"), b"a file").unwrap();
 
         let second = SpoolDir::new_in(p).unwrap();
-        let second_name = second
-            .path()
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
+        let second_name = name(&second);
         let mut expected = vec![
             "other".to_string(),
             live_name.clone(),
