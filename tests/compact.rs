@@ -1209,6 +1209,70 @@ async fn a_large_file_goes_to_s3_in_parts_through_connection_resets() {
     assert_eq!(counted, [[json!(6000), json!(6000), json!(18_000_000)]]);
 }
 
+/// A Delta commit is one create-if-absent PUT of a log entry, which the
+/// store client does not send again when the connection breaks. The run
+/// reads the log back: a commit that never reached the store is tried
+/// again, one that landed (only its answer lost) is taken as done; either
+/// way each table gets one version per run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delta_commit_cut_by_the_network_is_tried_again_or_found_landed() {
+    const LOG_ENTRY: &[&str] = &["PUT ", "/_delta_log/", ".json HTTP/1."];
+    let archive = generate_archive(3000, 300, 14, 1500);
+    let prefix = unique("compactcommitcut");
+    upload_archive(&prefix, &archive, 1, 1500).await;
+    let s3 = s3();
+    let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
+    let mut w = Waltail::without_db("gen", "public.t");
+    w.s3(&prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
+        .set("WALTAIL_LOG", "waltail=info");
+    let versions = |dir: &Path| {
+        ["parquet/public/t", "latest/public/t"].map(|t| {
+            commit_infos(&dir.join(t))
+                .iter()
+                .map(|c| c["waltail.seq"].as_u64().unwrap())
+                .collect::<Vec<_>>()
+        })
+    };
+    // The history's first commit never reaches the store, twice.
+    proxy.set_mode(Mode::CutRequests {
+        line: LOG_ENTRY,
+        landed: false,
+        limit: 2,
+    });
+    let run = || {
+        let (status, _, log) = w.output(&["compact"]);
+        assert!(status.success(), "compact failed ({status}):\n{log}");
+        assert_eq!(proxy.cuts(), 2, "{log}");
+        let said = |what: &str| log.matches(what).count();
+        (
+            said("reading the log to see whether it landed"),
+            said("the Delta commit had landed"),
+        )
+    };
+    assert_eq!(run(), (2, 0));
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    assert_eq!(versions(dir.path()), [vec![1500], vec![1500]]);
+    // Both commits of the next run land, and the answers are lost.
+    upload_archive(&prefix, &archive, 1501, 3000).await;
+    proxy.set_mode(Mode::CutRequests {
+        line: LOG_ENTRY,
+        landed: true,
+        limit: 2,
+    });
+    assert_eq!(run(), (2, 2));
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    assert_eq!(read_latest(dir.path()).await.0, archive.expected);
+    let history = duck(&format!(
+        "SELECT count(*), count(DISTINCT _seq), min(_seq), max(_seq) FROM delta_scan('{}/parquet/public/t')",
+        dir.path().display()
+    ));
+    assert_eq!(history, [[json!(3000), json!(3000), json!(1), json!(3000)]]);
+    assert_eq!(versions(dir.path()), [vec![1500, 3000], vec![1500, 3000]]);
+}
+
 /// A latest view as `engine` reads it at `version` (the newest: `None`):
 /// id -> (doc, n, _seq), as [`GeneratedArchive::expected`] holds it.
 fn latest_by_reader(

@@ -58,6 +58,12 @@ pub struct Commit<'a> {
     pub info: Vec<(String, serde_json::Value)>,
 }
 
+/// How many times a commit is tried when a broken connection leaves its
+/// outcome unknown; the waits between tries double from [`FIRST_WAIT`]
+/// (about 6 s in all), longer than the store's usual hiccups.
+const COMMIT_TRIES: u32 = 6;
+const FIRST_WAIT: Duration = Duration::from_millis(200);
+
 /// Commits `commit` to the table at `dir` as `previous` left it (creating
 /// it when there is none): adds, removes and the txn in one log entry.
 /// Returns the new Delta version.
@@ -66,12 +72,88 @@ pub struct Commit<'a> {
 /// commit that touched neither our txn nor our files (a vacuum) is let
 /// through and ours is written after it; another run's commit to the same
 /// table (its txn) stops ours with an error that says so.
+///
+/// The log entry is a create-if-absent PUT, which the store client does
+/// not send again on a broken connection: the entry may or may not have
+/// been written. So this reads the log back: a newer version carrying this
+/// commit's txn (app id and seq) is this commit, landed; otherwise it is
+/// tried again against `previous`, so a commit another run made meanwhile
+/// is still caught as a conflict.
 pub async fn commit(
     loc: &Location,
     dir: &str,
     previous: Option<&Published>,
     commit: Commit<'_>,
 ) -> Result<u64> {
+    let mut wait = FIRST_WAIT;
+    let mut tried = 0;
+    loop {
+        tried += 1;
+        let e = match commit_once(loc, dir, previous, &commit).await {
+            Ok(version) => return Ok(version),
+            Err(Failure::Unsure(e)) if tried < COMMIT_TRIES => e,
+            Err(Failure::Unsure(e) | Failure::Known(e)) => return Err(e),
+        };
+        tracing::warn!(
+            table = %commit.shape.table,
+            role = ?commit.role,
+            tried,
+            error = %e,
+            "a Delta commit's connection broke: reading the log to see whether it landed"
+        );
+        tokio::time::sleep(wait).await;
+        wait *= 2;
+        if let Some(now) = delta::load(loc, commit.role, dir, commit.app_id).await?
+            && previous.is_none_or(|p| now.version > p.version)
+            && now.seq == Some(commit.seq)
+        {
+            tracing::info!(
+                table = %commit.shape.table,
+                role = ?commit.role,
+                version = now.version,
+                "the Delta commit had landed"
+            );
+            return Ok(now.version);
+        }
+    }
+}
+
+/// Why a commit failed.
+enum Failure {
+    /// The connection broke while the log entry was sent: it may have
+    /// been written or not.
+    Unsure(Error),
+    /// It was not written.
+    Known(Error),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::Known(e)
+    }
+}
+
+/// Whether `e` is a request the store may or may not have carried out: a
+/// transport error or a 5xx after the client's retries (object_store's
+/// `Generic`), not an answer such as "already exists" or "denied".
+fn unsure(e: &DeltaTableError) -> bool {
+    let source = match e {
+        DeltaTableError::ObjectStore { source }
+        | DeltaTableError::Transaction {
+            source: TransactionError::ObjectStore { source },
+        } => source,
+        _ => return false,
+    };
+    matches!(source, object_store::Error::Generic { .. })
+}
+
+/// One try of [`commit`].
+async fn commit_once(
+    loc: &Location,
+    dir: &str,
+    previous: Option<&Published>,
+    commit: &Commit<'_>,
+) -> std::result::Result<u64, Failure> {
     let url = loc.table_url(commit.role, dir)?;
     let schema = schema(commit.shape, commit.role)?;
     let _turn = log_turn().await;
@@ -116,7 +198,8 @@ pub async fn commit(
         .with_metadata(
             commit
                 .info
-                .into_iter()
+                .iter()
+                .cloned()
                 .chain([("waltail.seq".to_string(), commit.seq.into())]),
         );
     let buckets = match commit.role {
@@ -128,7 +211,10 @@ pub async fn commit(
         Role::Latest => vec![],
     };
     let conflict = |e: DeltaTableError| {
-        match e {
+        if unsure(&e) {
+            return Failure::Unsure(delta_error("cannot commit to", &url, e));
+        }
+        Failure::Known(match e {
         DeltaTableError::Transaction {
             source: TransactionError::CommitConflict(c),
         } => Error::fatal(
@@ -148,7 +234,7 @@ pub async fn commit(
         )
         .with_kind(ErrorKind::Locked),
         e => delta_error("cannot commit to", &url, e),
-    }
+    })
     };
     let log_store = loc.log_store(&url);
     let Some(previous) = previous else {
@@ -172,13 +258,13 @@ pub async fn commit(
             .await
             .map_err(|e| match e {
                 DeltaTableError::GenericError { .. } | DeltaTableError::VersionAlreadyExists(0) => {
-                    Error::fatal(
+                    Failure::Known(Error::fatal(
                         format!(
                             "another `waltail compact` created {url} while this run was writing ({e})"
                         ),
                         "nothing of this run is visible; run `waltail compact` again once the other run has finished",
                     )
-                    .with_kind(ErrorKind::Locked)
+                    .with_kind(ErrorKind::Locked))
                 }
                 e => conflict(e),
             })?;

@@ -35,12 +35,24 @@ pub(crate) enum Mode {
     /// Forward the request, pass at most this many bytes of the server's
     /// response (per connection), then close the connection.
     CutResponse(usize),
+    /// Forward, but reset the connection of each HTTP request whose request
+    /// line holds every one of `line` (e.g. a PUT of a Delta log entry),
+    /// until `limit` requests were cut since the mode was set (see
+    /// [`Proxy::cuts`]). With `landed` false no byte of the request reaches
+    /// the server; with true the server gets it whole and the connection
+    /// is reset as its response arrives, before the client sees any of it.
+    CutRequests {
+        line: &'static [&'static str],
+        landed: bool,
+        limit: usize,
+    },
 }
 
 pub(crate) struct Proxy {
     addr: SocketAddr,
     mode: watch::Sender<Mode>,
     connections: Arc<AtomicUsize>,
+    cuts: Arc<AtomicUsize>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -54,7 +66,9 @@ impl Proxy {
         let (mode, mode_rx) = watch::channel(Mode::Pass);
         let connections = Arc::new(AtomicUsize::new(0));
         let (stop, stop_rx) = oneshot::channel();
+        let cuts = Arc::new(AtomicUsize::new(0));
         let count = connections.clone();
+        let cut = cuts.clone();
         let thread = std::thread::Builder::new()
             .name(format!("proxy-{addr}"))
             .spawn(move || {
@@ -62,7 +76,7 @@ impl Proxy {
                     .enable_all()
                     .build()
                     .unwrap();
-                rt.block_on(accept_loop(listener, target, mode_rx, count, stop_rx));
+                rt.block_on(accept_loop(listener, target, mode_rx, count, cut, stop_rx));
                 // Dropping the runtime drops every connection task and its sockets.
             })
             .unwrap();
@@ -70,6 +84,7 @@ impl Proxy {
             addr,
             mode,
             connections,
+            cuts,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -85,8 +100,15 @@ impl Proxy {
         format!("http://{}", self.addr)
     }
 
+    /// Sets the mode; the count of [`Proxy::cuts`] starts again at 0.
     pub(crate) fn set_mode(&self, mode: Mode) {
+        self.cuts.store(0, Ordering::SeqCst);
         self.mode.send_replace(mode);
+    }
+
+    /// Requests cut under [`Mode::CutRequests`] since the mode was set.
+    pub(crate) fn cuts(&self) -> usize {
+        self.cuts.load(Ordering::SeqCst)
     }
 
     pub(crate) fn mode(&self) -> Mode {
@@ -115,6 +137,7 @@ async fn accept_loop(
     target: SocketAddr,
     mode: watch::Receiver<Mode>,
     count: Arc<AtomicUsize>,
+    cuts: Arc<AtomicUsize>,
     mut stop: oneshot::Receiver<()>,
 ) {
     let listener = TcpListener::from_std(listener).unwrap();
@@ -124,7 +147,7 @@ async fn accept_loop(
             accepted = listener.accept() => {
                 let Ok((client, _)) = accepted else { continue };
                 count.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(serve(client, target, mode.clone()));
+                tokio::spawn(serve(client, target, mode.clone(), cuts.clone()));
             }
         }
     }
@@ -137,7 +160,28 @@ fn reset(rd: OwnedReadHalf, wr: OwnedWriteHalf) {
     }
 }
 
-async fn serve(client: TcpStream, target: SocketAddr, mut mode: watch::Receiver<Mode>) {
+/// Whether `data` holds an HTTP request line that has every one of `parts`.
+fn request_line_with(data: &[u8], parts: &[&str]) -> bool {
+    data.split(|&b| b == b'\n').any(|line| {
+        let line = String::from_utf8_lossy(line);
+        line.contains(" HTTP/1.") && parts.iter().all(|p| line.contains(p))
+    })
+}
+
+/// Counts one more cut if fewer than `limit` were made.
+fn take_cut(cuts: &AtomicUsize, limit: usize) -> bool {
+    cuts.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+        (n < limit).then_some(n + 1)
+    })
+    .is_ok()
+}
+
+async fn serve(
+    client: TcpStream,
+    target: SocketAddr,
+    mut mode: watch::Receiver<Mode>,
+    cuts: Arc<AtomicUsize>,
+) {
     if *mode.borrow_and_update() == Mode::Reset {
         let _ = client.set_zero_linger();
         return;
@@ -153,6 +197,7 @@ async fn serve(client: TcpStream, target: SocketAddr, mut mode: watch::Receiver<
     let (mut c_open, mut s_open) = (true, true); // still reading from that side
     let mut dead = false; // lost bytes to Blackhole: forwards nothing ever again
     let mut cut = 0; // response bytes passed under CutResponse
+    let mut reset_at_response = false; // a request cut under CutRequests, landed
     while c_open || s_open {
         let (up, read) = tokio::select! {
             r = c_rd.read(&mut c_buf), if c_open => (true, r),
@@ -192,11 +237,30 @@ async fn serve(client: TcpStream, target: SocketAddr, mut mode: watch::Receiver<
                 continue;
             }
             _ if dead => continue,
+            _ if !up && reset_at_response => {
+                reset(c_rd, c_wr);
+                reset(s_rd, s_wr);
+                return;
+            }
             Mode::Pass => data,
             Mode::Delay(d) => {
                 tokio::time::sleep(d).await;
                 data
             }
+            Mode::CutRequests {
+                line,
+                landed,
+                limit,
+            } if up && request_line_with(data, line) && take_cut(&cuts, limit) => {
+                if !landed {
+                    reset(c_rd, c_wr);
+                    reset(s_rd, s_wr);
+                    return;
+                }
+                reset_at_response = true;
+                data
+            }
+            Mode::CutRequests { .. } => data,
             Mode::CutResponse(_) if up => data,
             Mode::CutResponse(limit) => {
                 let take = n.min(limit.saturating_sub(cut));
