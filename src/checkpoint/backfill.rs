@@ -679,7 +679,7 @@ mod tests {
         let id = cp.request_backfill("public", "t", 2, 3).unwrap();
         let c = cp.new_chunk(id, 0, 0).unwrap();
         let mut body = Vec::new();
-        chunks::encode_rows(&[(1, b"abc".to_vec())], &mut body);
+        chunks::encode_rows(&[(1, b"abc".to_vec())], &mut body).unwrap();
         cp.conn
             .execute(
                 "UPDATE backfill_chunks SET stored = 1, rows = 1, body = ?2 WHERE id = ?1",
