@@ -1271,6 +1271,28 @@ async fn a_delta_commit_cut_by_the_network_is_tried_again_or_found_landed() {
     ));
     assert_eq!(history, [[json!(3000), json!(3000), json!(1), json!(3000)]]);
     assert_eq!(versions(dir.path()), [vec![1500, 3000], vec![1500, 3000]]);
+    // A vacuum's first commit (VACUUM START) lands and its answer is lost:
+    // the vacuum is done again, and the latest view's replaced files go.
+    proxy.set_mode(Mode::CutRequests {
+        line: &["PUT ", "latest/public/t/_delta_log/", ".json HTTP/1."],
+        landed: true,
+        limit: 1,
+    });
+    w.set("WALTAIL_COMPACT_RETAIN", "0s");
+    let (status, stdout, log) = w.output(&["compact", "--vacuum"]);
+    assert!(status.success(), "compact --vacuum failed ({status}):\n{log}");
+    assert_eq!(proxy.cuts(), 1, "{log}");
+    assert_eq!(log.matches("vacuuming again").count(), 1, "{log}");
+    let dir = tempfile::tempdir().unwrap();
+    download(&prefix, dir.path()).await;
+    let (latest, files) = read_latest(dir.path()).await;
+    assert_eq!(latest, archive.expected);
+    let stored = walk(&dir.path().join("latest/public/t"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .filter(|p| !p.to_string_lossy().contains("_delta_log"))
+        .count();
+    assert_eq!(stored, files, "only the current files are left: {stdout}");
 }
 
 /// A latest view as `engine` reads it at `version` (the newest: `None`):

@@ -133,18 +133,29 @@ impl From<Error> for Failure {
     }
 }
 
-/// Whether `e` is a request the store may or may not have carried out: a
-/// transport error or a 5xx after the client's retries (object_store's
-/// `Generic`), not an answer such as "already exists" or "denied".
-fn unsure(e: &DeltaTableError) -> bool {
-    let source = match e {
-        DeltaTableError::ObjectStore { source }
-        | DeltaTableError::Transaction {
-            source: TransactionError::ObjectStore { source },
-        } => source,
-        _ => return false,
-    };
-    matches!(source, object_store::Error::Generic { .. })
+impl Failure {
+    /// `e` as `what` (`cannot commit to`) the table at `url` failed. A
+    /// request the store may or may not have carried out is a transport
+    /// error or a 5xx after the client's retries (object_store's
+    /// `Generic`), not an answer such as "already exists" or "denied".
+    fn of(what: &str, url: &Url, e: DeltaTableError) -> Failure {
+        let unsure = matches!(
+            &e,
+            DeltaTableError::ObjectStore {
+                source: object_store::Error::Generic { .. }
+            } | DeltaTableError::Transaction {
+                source: TransactionError::ObjectStore {
+                    source: object_store::Error::Generic { .. }
+                }
+            }
+        );
+        let e = delta_error(what, url, e);
+        if unsure {
+            Failure::Unsure(e)
+        } else {
+            Failure::Known(e)
+        }
+    }
 }
 
 /// One try of [`commit`].
@@ -211,30 +222,31 @@ async fn commit_once(
         Role::Latest => vec![],
     };
     let conflict = |e: DeltaTableError| {
-        if unsure(&e) {
-            return Failure::Unsure(delta_error("cannot commit to", &url, e));
-        }
-        Failure::Known(match e {
+        match e {
         DeltaTableError::Transaction {
             source: TransactionError::CommitConflict(c),
-        } => Error::fatal(
-            format!(
-                "another `waltail compact` committed to {} while this run was writing ({c})",
-                commit.shape.table
-            ),
-            "nothing of this run is visible; run `waltail compact` again once the other run has finished",
-        )
-        .with_kind(ErrorKind::Locked),
+        } => Failure::Known(
+            Error::fatal(
+                format!(
+                    "another `waltail compact` committed to {} while this run was writing ({c})",
+                    commit.shape.table
+                ),
+                "nothing of this run is visible; run `waltail compact` again once the other run has finished",
+            )
+            .with_kind(ErrorKind::Locked),
+        ),
         DeltaTableError::Transaction {
             source: TransactionError::VersionAlreadyExists(v),
         }
-        | DeltaTableError::VersionAlreadyExists(v) => Error::fatal(
-            format!("another writer committed version {v} of {url} first, again and again"),
-            "run `waltail compact` again once the other writer has finished",
-        )
-        .with_kind(ErrorKind::Locked),
-        e => delta_error("cannot commit to", &url, e),
-    })
+        | DeltaTableError::VersionAlreadyExists(v) => Failure::Known(
+            Error::fatal(
+                format!("another writer committed version {v} of {url} first, again and again"),
+                "run `waltail compact` again once the other writer has finished",
+            )
+            .with_kind(ErrorKind::Locked),
+        ),
+        e => Failure::of("cannot commit to", &url, e),
+    }
     };
     let log_store = loc.log_store(&url);
     let Some(previous) = previous else {
@@ -429,7 +441,41 @@ pub struct Vacuum {
 /// Deletes what `what` says of the table at `dir`, and returns how many
 /// files it deleted. A vacuum that deletes files records itself in the log
 /// (Delta's VACUUM START and END commits, which change no data).
+///
+/// Those commits are create-if-absent PUTs like a run's (see [`commit`]);
+/// when one's connection breaks the vacuum is done again from the start,
+/// which is safe: it plans from the log again, deletes what is still
+/// there, and its commits change no data. (Files the broken try deleted
+/// are then not in the count.)
 pub async fn vacuum(loc: &Location, role: Role, dir: &str, what: Vacuum) -> Result<usize> {
+    let mut wait = FIRST_WAIT;
+    let mut tried = 0;
+    loop {
+        tried += 1;
+        let e = match vacuum_once(loc, role, dir, what).await {
+            Ok(deleted) => return Ok(deleted),
+            Err(Failure::Unsure(e)) if tried < COMMIT_TRIES => e,
+            Err(Failure::Unsure(e) | Failure::Known(e)) => return Err(e),
+        };
+        tracing::warn!(
+            dir,
+            role = ?role,
+            tried,
+            error = %e,
+            "a vacuum's commit lost its connection: vacuuming again"
+        );
+        tokio::time::sleep(wait).await;
+        wait *= 2;
+    }
+}
+
+/// One try of [`vacuum`].
+async fn vacuum_once(
+    loc: &Location,
+    role: Role,
+    dir: &str,
+    what: Vacuum,
+) -> std::result::Result<usize, Failure> {
     let url = loc.table_url(role, dir)?;
     let _turn = log_turn().await;
     let log_store = loc.log_store(&url);
@@ -503,7 +549,7 @@ pub async fn vacuum(loc: &Location, role: Role, dir: &str, what: Vacuum) -> Resu
         }
         let (vacuumed, _) = vacuum(table)
             .await
-            .map_err(|e| delta_error("cannot vacuum", &url, e))?;
+            .map_err(|e| Failure::of("cannot vacuum", &url, e))?;
         table = vacuumed;
     }
     Ok(deleted)
