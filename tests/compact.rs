@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::proxy::{Mode, Proxy};
+use common::proxy::{Cut, Mode, Proxy};
 use common::*;
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
@@ -1209,59 +1209,64 @@ async fn a_large_file_goes_to_s3_in_parts_through_connection_resets() {
     assert_eq!(counted, [[json!(6000), json!(6000), json!(18_000_000)]]);
 }
 
-/// A Delta commit is one create-if-absent PUT of a log entry, which the
-/// store client does not send again when the connection breaks. The run
-/// reads the log back: a commit that never reached the store is tried
-/// again, one that landed (only its answer lost) is taken as done; either
-/// way each table gets one version per run.
+/// A Delta commit is one create-if-absent PUT of a log entry, whose
+/// outcome a broken connection hides. The run reads the log back: a commit
+/// that never reached the store is tried again, one that landed (only its
+/// answer lost, or the store client sent it again and the copy was refused
+/// as "already there") is taken as done; either way each table gets one
+/// version per run.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_delta_commit_cut_by_the_network_is_tried_again_or_found_landed() {
     const LOG_ENTRY: &[&str] = &["PUT ", "/_delta_log/", ".json HTTP/1."];
-    let archive = generate_archive(3000, 300, 14, 1500);
+    let archive = generate_archive(4500, 300, 14, 1500);
     let prefix = unique("compactcommitcut");
-    upload_archive(&prefix, &archive, 1, 1500).await;
     let s3 = s3();
     let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
     let mut w = Waltail::without_db("gen", "public.t");
     w.s3(&prefix)
         .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
         .set("WALTAIL_LOG", "waltail=info");
-    let versions = |dir: &Path| {
+    let versions = async || {
+        let dir = tempfile::tempdir().unwrap();
+        download(&prefix, dir.path()).await;
         ["parquet/public/t", "latest/public/t"].map(|t| {
-            commit_infos(&dir.join(t))
+            commit_infos(&dir.path().join(t))
                 .iter()
                 .map(|c| c["waltail.seq"].as_u64().unwrap())
                 .collect::<Vec<_>>()
         })
     };
-    // The history's first commit never reaches the store, twice.
-    proxy.set_mode(Mode::CutRequests {
-        line: LOG_ENTRY,
-        landed: false,
-        limit: 2,
-    });
-    let run = || {
+    // Compacts the changes up to `to`, cutting `cuts` commits `at`; gives
+    // the times the log said a commit was tried again, and found landed.
+    let mut done = 0;
+    let mut run = async |to: u64, at: Cut, cuts: usize| {
+        upload_archive(&prefix, &archive, done + 1, to).await;
+        done = to;
+        proxy.set_mode(Mode::CutRequests {
+            line: LOG_ENTRY,
+            at,
+            limit: cuts,
+        });
         let (status, _, log) = w.output(&["compact"]);
         assert!(status.success(), "compact failed ({status}):\n{log}");
-        assert_eq!(proxy.cuts(), 2, "{log}");
+        assert_eq!(proxy.cuts(), cuts, "{log}");
         let said = |what: &str| log.matches(what).count();
         (
-            said("reading the log to see whether it landed"),
+            said("it had not landed: trying again"),
             said("the Delta commit had landed"),
         )
     };
-    assert_eq!(run(), (2, 0));
-    let dir = tempfile::tempdir().unwrap();
-    download(&prefix, dir.path()).await;
-    assert_eq!(versions(dir.path()), [vec![1500], vec![1500]]);
+    // The history's first commit never reaches the store, twice.
+    assert_eq!(run(1500, Cut::Before, 2).await, (2, 0));
+    assert_eq!(versions().await, [vec![1500], vec![1500]]);
     // Both commits of the next run land, and the answers are lost.
-    upload_archive(&prefix, &archive, 1501, 3000).await;
-    proxy.set_mode(Mode::CutRequests {
-        line: LOG_ENTRY,
-        landed: true,
-        limit: 2,
-    });
-    assert_eq!(run(), (2, 2));
+    assert_eq!(run(3000, Cut::Answer, 2).await, (0, 2));
+    assert_eq!(versions().await, [vec![1500, 3000], vec![1500, 3000]]);
+    // The history's commit lands, and the connection closes before the
+    // answer.
+    assert_eq!(run(4500, Cut::AnswerClosed, 1).await, (0, 1));
+    let seqs = vec![1500, 3000, 4500];
+    assert_eq!(versions().await, [seqs.clone(), seqs]);
     let dir = tempfile::tempdir().unwrap();
     download(&prefix, dir.path()).await;
     assert_eq!(read_latest(dir.path()).await.0, archive.expected);
@@ -1269,18 +1274,20 @@ async fn a_delta_commit_cut_by_the_network_is_tried_again_or_found_landed() {
         "SELECT count(*), count(DISTINCT _seq), min(_seq), max(_seq) FROM delta_scan('{}/parquet/public/t')",
         dir.path().display()
     ));
-    assert_eq!(history, [[json!(3000), json!(3000), json!(1), json!(3000)]]);
-    assert_eq!(versions(dir.path()), [vec![1500, 3000], vec![1500, 3000]]);
+    assert_eq!(history, [[json!(4500), json!(4500), json!(1), json!(4500)]]);
     // A vacuum's first commit (VACUUM START) lands and its answer is lost:
     // the vacuum is done again, and the latest view's replaced files go.
     proxy.set_mode(Mode::CutRequests {
         line: &["PUT ", "latest/public/t/_delta_log/", ".json HTTP/1."],
-        landed: true,
+        at: Cut::Answer,
         limit: 1,
     });
     w.set("WALTAIL_COMPACT_RETAIN", "0s");
     let (status, stdout, log) = w.output(&["compact", "--vacuum"]);
-    assert!(status.success(), "compact --vacuum failed ({status}):\n{log}");
+    assert!(
+        status.success(),
+        "compact --vacuum failed ({status}):\n{log}"
+    );
     assert_eq!(proxy.cuts(), 1, "{log}");
     assert_eq!(log.matches("vacuuming again").count(), 1, "{log}");
     let dir = tempfile::tempdir().unwrap();

@@ -22,7 +22,7 @@ use deltalake_core::operations::vacuum::VacuumMode;
 use deltalake_core::protocol::{DeltaOperation, OutputMode, SaveMode};
 use deltalake_core::{DeltaTable, DeltaTableError};
 use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
 
 use super::plan::{Plan, Tables};
@@ -73,49 +73,97 @@ const FIRST_WAIT: Duration = Duration::from_millis(200);
 /// through and ours is written after it; another run's commit to the same
 /// table (its txn) stops ours with an error that says so.
 ///
-/// The log entry is a create-if-absent PUT, which the store client does
-/// not send again on a broken connection: the entry may or may not have
-/// been written. So this reads the log back: a newer version carrying this
-/// commit's txn (app id and seq) is this commit, landed; otherwise it is
-/// tried again against `previous`, so a commit another run made meanwhile
-/// is still caught as a conflict.
+/// The log entry is a create-if-absent PUT whose outcome a failure can
+/// hide: a broken connection leaves it unknown, and the store client
+/// sends it again after a 5xx or a connection closed before the answer,
+/// when a first copy that was written makes the second fail as "already
+/// there" (which delta-rs then reports as a conflict with ourselves). So
+/// after any failure this reads the log back and looks for this call's
+/// token in the commits since `previous`: there, the commit landed.
+/// Otherwise a broken connection tries it again, against `previous`, so a
+/// commit another run made meanwhile is still caught as a conflict.
 pub async fn commit(
     loc: &Location,
     dir: &str,
     previous: Option<&Published>,
     commit: Commit<'_>,
 ) -> Result<u64> {
+    let token = uuid::Uuid::new_v4().to_string();
     let mut wait = FIRST_WAIT;
     let mut tried = 0;
     loop {
         tried += 1;
-        let e = match commit_once(loc, dir, previous, &commit).await {
+        let failure = match commit_once(loc, dir, previous, &commit, &token).await {
             Ok(version) => return Ok(version),
-            Err(Failure::Unsure(e)) if tried < COMMIT_TRIES => e,
-            Err(Failure::Unsure(e) | Failure::Known(e)) => return Err(e),
+            Err(failure) => failure,
+        };
+        if let Some(version) = landed(loc, dir, previous, &commit, &token).await? {
+            tracing::info!(
+                table = %commit.shape.table,
+                role = ?commit.role,
+                version,
+                "the Delta commit had landed, its answer lost"
+            );
+            return Ok(version);
+        }
+        let e = match failure {
+            Failure::Unsure(e) if tried < COMMIT_TRIES => e,
+            Failure::Unsure(e) | Failure::Known(e) => return Err(e),
         };
         tracing::warn!(
             table = %commit.shape.table,
             role = ?commit.role,
             tried,
             error = %e,
-            "a Delta commit's connection broke: reading the log to see whether it landed"
+            "a Delta commit's connection broke and it had not landed: trying again"
         );
         tokio::time::sleep(wait).await;
         wait *= 2;
-        if let Some(now) = delta::load(loc, commit.role, dir, commit.app_id).await?
-            && previous.is_none_or(|p| now.version > p.version)
-            && now.seq == Some(commit.seq)
-        {
-            tracing::info!(
-                table = %commit.shape.table,
-                role = ?commit.role,
-                version = now.version,
-                "the Delta commit had landed"
-            );
-            return Ok(now.version);
-        }
     }
+}
+
+/// The commitInfo key of a [`commit`] call's token.
+const TOKEN_KEY: &str = "waltail.commit";
+
+/// The version of the commit carrying `token`, if the table's log holds
+/// one newer than `previous`. A landed commit whose version calls for a
+/// checkpoint gets it here (delta-rs writes it after a commit it saw
+/// succeed); without it readers only read more log entries.
+async fn landed(
+    loc: &Location,
+    dir: &str,
+    previous: Option<&Published>,
+    commit: &Commit<'_>,
+    token: &str,
+) -> Result<Option<u64>> {
+    let Some(now) = delta::load(loc, commit.role, dir, commit.app_id).await? else {
+        return Ok(None);
+    };
+    let store = now.table.log_store().object_store(None);
+    let since = previous.map_or(0, |p| p.version + 1);
+    for version in since..=now.version {
+        let entry = object_store::path::Path::from(format!("_delta_log/{version:020}.json"));
+        let bytes = match store.get(&entry).await {
+            Ok(got) => got.bytes().await,
+            Err(e) => Err(e),
+        }
+        .map_err(|e| Error::store("GET", format!("{}{entry}", now.url), e))?;
+        let ours = bytes.split(|&b| b == b'\n').any(|line| {
+            serde_json::from_slice::<serde_json::Value>(line)
+                .is_ok_and(|action| action["commitInfo"][TOKEN_KEY].as_str() == Some(token))
+        });
+        if !ours {
+            continue;
+        }
+        if version == now.version && (version + 1).is_multiple_of(CHECKPOINT_INTERVAL) {
+            let _turn = log_turn().await;
+            if let Err(e) = deltalake_core::checkpoints::create_checkpoint(&now.table, None).await {
+                tracing::warn!(url = %now.url, version, error = %e, "cannot write the checkpoint of a landed commit; readers read the log entries instead");
+            }
+        }
+        return Ok(Some(version));
+    }
+    Ok(None)
 }
 
 /// Why a commit failed.
@@ -164,6 +212,7 @@ async fn commit_once(
     dir: &str,
     previous: Option<&Published>,
     commit: &Commit<'_>,
+    token: &str,
 ) -> std::result::Result<u64, Failure> {
     let url = loc.table_url(commit.role, dir)?;
     let schema = schema(commit.shape, commit.role)?;
@@ -206,13 +255,10 @@ async fn commit_once(
     );
     let props = CommitProperties::default()
         .with_application_transactions(txns)
-        .with_metadata(
-            commit
-                .info
-                .iter()
-                .cloned()
-                .chain([("waltail.seq".to_string(), commit.seq.into())]),
-        );
+        .with_metadata(commit.info.iter().cloned().chain([
+            ("waltail.seq".to_string(), commit.seq.into()),
+            (TOKEN_KEY.to_string(), token.into()),
+        ]));
     let buckets = match commit.role {
         Role::History => None,
         Role::Latest => Some(commit.buckets.max(1)),
@@ -266,10 +312,17 @@ async fn commit_once(
             // `waltail.buckets` is ours: kept, not refused as an unknown `delta.*` key.
             .with_raise_if_key_not_exists(false)
             .with_actions(actions)
-            .with_commit_properties(props)
+            // No retry: delta-rs would write a create that finds version 0
+            // taken (another run created the table first) on top of it,
+            // unchecked.
+            .with_commit_properties(props.with_max_retries(0))
             .await
             .map_err(|e| match e {
-                DeltaTableError::GenericError { .. } | DeltaTableError::VersionAlreadyExists(0) => {
+                DeltaTableError::GenericError { .. }
+                | DeltaTableError::VersionAlreadyExists(0)
+                | DeltaTableError::Transaction {
+                    source: TransactionError::MaxCommitAttempts(_),
+                } => {
                     Failure::Known(Error::fatal(
                         format!(
                             "another `waltail compact` created {url} while this run was writing ({e})"

@@ -35,17 +35,28 @@ pub(crate) enum Mode {
     /// Forward the request, pass at most this many bytes of the server's
     /// response (per connection), then close the connection.
     CutResponse(usize),
-    /// Forward, but reset the connection of each HTTP request whose request
+    /// Forward, but cut the connection of each HTTP request whose request
     /// line holds every one of `line` (e.g. a PUT of a Delta log entry),
     /// until `limit` requests were cut since the mode was set (see
-    /// [`Proxy::cuts`]). With `landed` false no byte of the request reaches
-    /// the server; with true the server gets it whole and the connection
-    /// is reset as its response arrives, before the client sees any of it.
+    /// [`Proxy::cuts`]); `at` says how.
     CutRequests {
         line: &'static [&'static str],
-        landed: bool,
+        at: Cut,
         limit: usize,
     },
+}
+
+/// How [`Mode::CutRequests`] cuts a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cut {
+    /// Reset before any byte of it reaches the server.
+    Before,
+    /// The server gets it whole; the connection is reset as the answer
+    /// arrives, before the client sees any of it.
+    Answer,
+    /// The server gets it whole; the connection is closed (FIN, not RST)
+    /// in place of the answer.
+    AnswerClosed,
 }
 
 pub(crate) struct Proxy {
@@ -197,7 +208,7 @@ async fn serve(
     let (mut c_open, mut s_open) = (true, true); // still reading from that side
     let mut dead = false; // lost bytes to Blackhole: forwards nothing ever again
     let mut cut = 0; // response bytes passed under CutResponse
-    let mut reset_at_response = false; // a request cut under CutRequests, landed
+    let mut cut_answer = None; // a request cut under CutRequests, sent on
     while c_open || s_open {
         let (up, read) = tokio::select! {
             r = c_rd.read(&mut c_buf), if c_open => (true, r),
@@ -237,7 +248,11 @@ async fn serve(
                 continue;
             }
             _ if dead => continue,
-            _ if !up && reset_at_response => {
+            _ if !up && cut_answer == Some(Cut::AnswerClosed) => {
+                let _ = c_wr.shutdown().await;
+                return;
+            }
+            _ if !up && cut_answer.is_some() => {
                 reset(c_rd, c_wr);
                 reset(s_rd, s_wr);
                 return;
@@ -247,17 +262,15 @@ async fn serve(
                 tokio::time::sleep(d).await;
                 data
             }
-            Mode::CutRequests {
-                line,
-                landed,
-                limit,
-            } if up && request_line_with(data, line) && take_cut(&cuts, limit) => {
-                if !landed {
+            Mode::CutRequests { line, at, limit }
+                if up && request_line_with(data, line) && take_cut(&cuts, limit) =>
+            {
+                if at == Cut::Before {
                     reset(c_rd, c_wr);
                     reset(s_rd, s_wr);
                     return;
                 }
-                reset_at_response = true;
+                cut_answer = Some(at);
                 data
             }
             Mode::CutRequests { .. } => data,
