@@ -171,7 +171,9 @@ enum Failure {
     /// The connection broke while the log entry was sent: it may have
     /// been written or not.
     Unsure(Error),
-    /// It was not written.
+    /// An answer (a conflict, a refusal) or an error before the request:
+    /// sending it again would not help. (It may still have been written,
+    /// by a copy the client sent again: [`commit`] reads the log back.)
     Known(Error),
 }
 
