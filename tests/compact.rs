@@ -937,6 +937,22 @@ async fn upload_archive(prefix: &str, archive: &GeneratedArchive, from: u64, to:
     upload_dir(dir.path(), prefix).await;
 }
 
+/// Downloads the tables under `prefix`: the latest view must equal
+/// `archive`'s, and the history hold each of its first `changes` seqs once.
+async fn assert_s3_tables_whole(prefix: &str, archive: &GeneratedArchive, changes: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    download(prefix, dir.path()).await;
+    assert_eq!(read_latest(dir.path()).await.0, archive.expected);
+    let history = duck(&format!(
+        "SELECT count(*), count(DISTINCT _seq), min(_seq), max(_seq) FROM delta_scan('{}/parquet/public/t')",
+        dir.path().display()
+    ));
+    assert_eq!(
+        history,
+        [[json!(changes), json!(changes), json!(1), json!(changes)]]
+    );
+}
+
 /// Uploads every file under `dir` to the test bucket under `prefix`, at
 /// its path relative to `dir`.
 async fn upload_dir(dir: &Path, prefix: &str) {
@@ -1026,14 +1042,7 @@ async fn of_two_compacts_of_one_table_at_once_one_commits_and_the_other_stops_sa
         "{}",
         slow.log()
     );
-    let dir = tempfile::tempdir().unwrap();
-    download(&prefix, dir.path()).await;
-    assert_eq!(read_latest(dir.path()).await.0, archive.expected);
-    let seqs = duck(&format!(
-        "SELECT count(*), count(DISTINCT _seq), min(_seq), max(_seq) FROM delta_scan('{}/parquet/public/t')",
-        dir.path().display()
-    ));
-    assert_eq!(seqs, [[json!(3000), json!(3000), json!(1), json!(3000)]]);
+    assert_s3_tables_whole(&prefix, &archive, 3000).await;
     let (status, stdout, stderr) = other.output(&["compact"]);
     assert!(status.success(), "{stdout}{stderr}");
     assert!(stdout.contains("nothing new to compact"), "{stdout}");
@@ -1118,14 +1127,7 @@ async fn a_compact_outlasts_a_store_that_drops_connections_for_seconds() {
     proxy.set_mode(Mode::Pass);
     let status = w.wait_exit(Duration::from_secs(180));
     assert!(status.success(), "{}", w.log());
-    let dir = tempfile::tempdir().unwrap();
-    download(&prefix, dir.path()).await;
-    assert_eq!(read_latest(dir.path()).await.0, archive.expected);
-    let history = duck(&format!(
-        "SELECT count(*), count(DISTINCT _seq), min(_seq), max(_seq) FROM delta_scan('{}/parquet/public/t')",
-        dir.path().display()
-    ));
-    assert_eq!(history, [[json!(3000), json!(3000), json!(1), json!(3000)]]);
+    assert_s3_tables_whole(&prefix, &archive, 3000).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1267,14 +1269,7 @@ async fn a_delta_commit_cut_by_the_network_is_tried_again_or_found_landed() {
     assert_eq!(run(4500, Cut::AnswerClosed, 1).await, (0, 1));
     let seqs = vec![1500, 3000, 4500];
     assert_eq!(versions().await, [seqs.clone(), seqs]);
-    let dir = tempfile::tempdir().unwrap();
-    download(&prefix, dir.path()).await;
-    assert_eq!(read_latest(dir.path()).await.0, archive.expected);
-    let history = duck(&format!(
-        "SELECT count(*), count(DISTINCT _seq), min(_seq), max(_seq) FROM delta_scan('{}/parquet/public/t')",
-        dir.path().display()
-    ));
-    assert_eq!(history, [[json!(4500), json!(4500), json!(1), json!(4500)]]);
+    assert_s3_tables_whole(&prefix, &archive, 4500).await;
     // A vacuum's first commit (VACUUM START) lands and its answer is lost:
     // the vacuum is done again, and the latest view's replaced files go.
     proxy.set_mode(Mode::CutRequests {

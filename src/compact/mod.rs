@@ -37,15 +37,16 @@ pub mod spool;
 mod summary;
 mod task;
 pub(crate) mod upgrade;
+pub mod vacuum;
 mod write;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use self::commit::vacuum_tables;
 use self::plan::{Plan, Tables, plan_files, select_tables, shapes};
 pub use self::summary::{Summary, render};
+pub use self::vacuum::vacuum_tables;
 use self::write::Files;
 use crate::archive::listing;
 use crate::config::Config;
@@ -106,7 +107,7 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
         .map(|t| TableShape::from_records(t, records(t)))
         .collect();
     if opts.vacuum {
-        let what = commit::Vacuum {
+        let what = vacuum::Vacuum {
             replaced_after: config.compact.retain,
             unnamed_after: Some(UNNAMED_AFTER),
         };
@@ -225,7 +226,7 @@ async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> 
             .iter()
             .map(|t| tables.shapes[t].as_ref().clone())
             .collect();
-        let what = commit::Vacuum {
+        let what = vacuum::Vacuum {
             replaced_after: config.compact.retain,
             unnamed_after: None,
         };
