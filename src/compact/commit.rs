@@ -13,6 +13,7 @@
 //! beside Delta, without touching plan or write.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use deltalake_core::DeltaTableError;
 use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
@@ -55,6 +56,12 @@ pub struct Commit<'a> {
     pub info: Vec<(String, serde_json::Value)>,
 }
 
+/// How many times a commit is tried when a broken connection leaves its
+/// outcome unknown; the waits between tries double from [`FIRST_WAIT`]
+/// (about 6 s in all), longer than the store's usual hiccups.
+pub(super) const COMMIT_TRIES: u32 = 6;
+pub(super) const FIRST_WAIT: Duration = Duration::from_millis(200);
+
 /// Commits `commit` to the table at `dir` as `previous` left it (creating
 /// it when there is none): adds, removes and the txn in one log entry.
 /// Returns the new Delta version.
@@ -80,7 +87,7 @@ pub async fn commit(
     commit: Commit<'_>,
 ) -> Result<u64> {
     let token = uuid::Uuid::new_v4().to_string();
-    let mut wait = delta::FIRST_WAIT;
+    let mut wait = FIRST_WAIT;
     let mut tried = 0;
     loop {
         tried += 1;
@@ -98,7 +105,7 @@ pub async fn commit(
             return Ok(version);
         }
         let e = match failure {
-            Failure::Unsure(e) if tried < delta::TRIES => e,
+            Failure::Unsure(e) if tried < COMMIT_TRIES => e,
             Failure::Unsure(e) | Failure::Known(e) => return Err(e),
         };
         tracing::warn!(
@@ -180,11 +187,21 @@ impl From<Error> for Failure {
 }
 
 impl Failure {
-    /// `e` as `what` (`cannot commit to`) the table at `url` failed: unsure
-    /// when the store broke a request off ([`delta::store_hiccup`]), not
-    /// when it answered ("already exists", "denied").
+    /// `e` as `what` (`cannot commit to`) the table at `url` failed. A
+    /// request the store may or may not have carried out is a transport
+    /// error or a 5xx after the client's retries (object_store's
+    /// `Generic`), not an answer such as "already exists" or "denied".
     pub(super) fn of(what: &str, url: &Url, e: DeltaTableError) -> Failure {
-        let unsure = delta::store_hiccup(&e);
+        let unsure = matches!(
+            &e,
+            DeltaTableError::ObjectStore {
+                source: object_store::Error::Generic { .. }
+            } | DeltaTableError::Transaction {
+                source: TransactionError::ObjectStore {
+                    source: object_store::Error::Generic { .. }
+                }
+            }
+        );
         let e = delta_error(what, url, e);
         if unsure {
             Failure::Unsure(e)

@@ -10,9 +10,9 @@ use deltalake_core::DeltaTable;
 use deltalake_core::operations::vacuum::VacuumMode;
 use futures::{StreamExt, TryStreamExt};
 
-use super::commit::Failure;
+use super::commit::{COMMIT_TRIES, FIRST_WAIT, Failure};
 use crate::lakehouse::compacted;
-use crate::lakehouse::delta::{self, Location, Role, log_turn};
+use crate::lakehouse::delta::{self, Location, Role, delta_error, log_turn};
 use crate::lakehouse::typing::TableShape;
 use crate::{Error, Result};
 
@@ -39,13 +39,13 @@ pub struct Vacuum {
 /// there, and its commits change no data. (Files the broken try deleted
 /// are then not in the count.)
 pub async fn vacuum(loc: &Location, role: Role, dir: &str, what: Vacuum) -> Result<usize> {
-    let mut wait = delta::FIRST_WAIT;
+    let mut wait = FIRST_WAIT;
     let mut tried = 0;
     loop {
         tried += 1;
         let e = match vacuum_once(loc, role, dir, what).await {
             Ok(deleted) => return Ok(deleted),
-            Err(Failure::Unsure(e)) if tried < delta::TRIES => e,
+            Err(Failure::Unsure(e)) if tried < COMMIT_TRIES => e,
             Err(Failure::Unsure(e) | Failure::Known(e)) => return Err(e),
         };
         tracing::warn!(
@@ -73,7 +73,7 @@ async fn vacuum_once(
     if !log_store
         .is_delta_table_location()
         .await
-        .map_err(|e| Failure::of("cannot list", &url, e))?
+        .map_err(|e| delta_error("cannot list", &url, e))?
     {
         return Ok(0);
     }
@@ -81,7 +81,7 @@ async fn vacuum_once(
     table
         .load()
         .await
-        .map_err(|e| Failure::of("cannot open", &url, e))?;
+        .map_err(|e| delta_error("cannot open", &url, e))?;
     let retention = |d: Duration| {
         chrono::Duration::from_std(d)
             .map_err(|e| Error::config(format!("compact.retain {d:?}: {e}")))
@@ -111,7 +111,7 @@ async fn vacuum_once(
         let (_, planned) = vacuum(table.clone())
             .with_dry_run(true)
             .await
-            .map_err(|e| Failure::of("cannot vacuum", &url, e))?;
+            .map_err(|e| delta_error("cannot vacuum", &url, e))?;
         if planned.files_deleted.is_empty() {
             continue;
         }

@@ -237,38 +237,7 @@ pub(crate) fn delta_error(what: &str, url: &Url, e: DeltaTableError) -> Error {
     )
 }
 
-/// How many times a Delta log operation the store broke off is tried (see
-/// [`store_hiccup`]), and the first wait between tries, doubling (about 6 s
-/// in all): longer than the store's usual hiccups.
-pub(crate) const TRIES: u32 = 6;
-pub(crate) const FIRST_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// Whether `e` comes from a request the store broke off (a transport error,
-/// or a 5xx after the client's retries: object_store's `Generic`), found
-/// anywhere in its causes, since delta-rs and its kernel wrap the store's
-/// errors in their own. The client itself does not retry every such error:
-/// a reset while the answer is read fails even a GET at once.
-pub(crate) fn store_hiccup(e: &DeltaTableError) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(c) = cause {
-        let store = c.downcast_ref::<object_store::Error>().or_else(|| {
-            // The kernel's error holds the store's without naming it as
-            // its source.
-            match c.downcast_ref::<buoyant_kernel::Error>() {
-                Some(buoyant_kernel::Error::ObjectStore(e)) => Some(e),
-                _ => None,
-            }
-        });
-        if let Some(object_store::Error::Generic { .. }) = store {
-            return true;
-        }
-        cause = c.source();
-    }
-    false
-}
-
-/// Loads the table at `url`, or `None` when it has no log yet. A read the
-/// store broke off is done again (see [`store_hiccup`]).
+/// Loads the table at `url`, or `None` when it has no log yet.
 pub async fn load(
     loc: &Location,
     role: Role,
@@ -276,44 +245,21 @@ pub async fn load(
     app_id: &str,
 ) -> Result<Option<Published>> {
     let url = loc.table_url(role, dir)?;
-    let mut wait = FIRST_WAIT;
-    let mut tried = 0;
-    let table = loop {
-        tried += 1;
-        let (what, e) = match open(loc, &url).await {
-            Ok(table) => break table,
-            Err(failed) => failed,
-        };
-        if tried >= TRIES || !store_hiccup(&e) {
-            return Err(delta_error(what, &url, e));
-        }
-        tracing::warn!(%url, tried, error = %e, "reading a Delta log broke off: reading it again");
-        tokio::time::sleep(wait).await;
-        wait *= 2;
-    };
-    match table {
-        Some(table) => published(table, url, app_id).await.map(Some),
-        None => Ok(None),
-    }
-}
-
-/// One try of [`load`]'s reading of the log.
-async fn open(
-    loc: &Location,
-    url: &Url,
-) -> std::result::Result<Option<DeltaTable>, (&'static str, DeltaTableError)> {
     let _turn = log_turn().await;
-    let log_store = loc.log_store(url);
+    let log_store = loc.log_store(&url);
     let exists = log_store
         .is_delta_table_location()
         .await
-        .map_err(|e| ("cannot list", e))?;
+        .map_err(|e| delta_error("cannot list", &url, e))?;
     if !exists {
         return Ok(None);
     }
     let mut table = DeltaTable::new(log_store);
-    table.load().await.map_err(|e| ("cannot open", e))?;
-    Ok(Some(table))
+    table
+        .load()
+        .await
+        .map_err(|e| delta_error("cannot open", &url, e))?;
+    published(table, url, app_id).await.map(Some)
 }
 
 async fn published(table: DeltaTable, url: Url, app_id: &str) -> Result<Published> {
@@ -499,30 +445,5 @@ pub(crate) mod tests {
             Some("2026-12-02")
         );
         assert_eq!(partition_date("0-1-2.parquet"), None);
-    }
-
-    #[test]
-    fn a_store_error_broken_off_is_found_inside_delta_rs_and_kernel_errors() {
-        let broken = || object_store::Error::Generic {
-            store: "S3",
-            source: "error sending request".into(),
-        };
-        let in_kernel =
-            || DeltaTableError::KernelError(buoyant_kernel::Error::ObjectStore(broken()));
-        assert!(store_hiccup(&DeltaTableError::ObjectStore {
-            source: broken()
-        }));
-        assert!(store_hiccup(&in_kernel()));
-        assert!(store_hiccup(&DeltaTableError::GenericError {
-            source: Box::new(in_kernel()),
-        }));
-        let answered = object_store::Error::AlreadyExists {
-            path: "_delta_log/00000000000000000001.json".into(),
-            source: "exists".into(),
-        };
-        assert!(!store_hiccup(&DeltaTableError::ObjectStore {
-            source: answered
-        }));
-        assert!(!store_hiccup(&DeltaTableError::VersionAlreadyExists(1)));
     }
 }
