@@ -937,6 +937,19 @@ async fn upload_archive(prefix: &str, archive: &GeneratedArchive, from: u64, to:
     upload_dir(dir.path(), prefix).await;
 }
 
+/// A proxy to the test S3 server, and `waltail` (pipeline `gen`, table
+/// public.t, no database, info log) on the archive under `prefix` through
+/// it.
+fn through_proxy(prefix: &str) -> (Proxy, Waltail) {
+    let s3 = s3();
+    let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
+    let mut w = Waltail::without_db("gen", "public.t");
+    w.s3(prefix)
+        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
+        .set("WALTAIL_LOG", "waltail=info");
+    (proxy, w)
+}
+
 /// Downloads the tables under `prefix`: the latest view must equal
 /// `archive`'s, and the history hold each of its first `changes` seqs once.
 async fn assert_s3_tables_whole(prefix: &str, archive: &GeneratedArchive, changes: u64) {
@@ -1155,12 +1168,7 @@ async fn a_large_file_goes_to_s3_in_parts_through_connection_resets() {
     }
     let prefix = unique("compactparts");
     upload_archive(&prefix, &archive, 1, 6000).await;
-    let s3 = s3();
-    let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
-    let mut w = Waltail::without_db("gen", "public.t");
-    w.s3(&prefix)
-        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
-        .set("WALTAIL_LOG", "waltail=info");
+    let (proxy, mut w) = through_proxy(&prefix);
     // Every connection is reset for 0.4 s of every 1.2 s until the run
     // ends: parts, completions and reads alike are cut and sent again.
     w.spawn(&["compact"]);
@@ -1222,12 +1230,7 @@ async fn a_delta_commit_cut_by_the_network_is_tried_again_or_found_landed() {
     const LOG_ENTRY: &[&str] = &["PUT ", "/_delta_log/", ".json HTTP/1."];
     let archive = generate_archive(4500, 300, 14, 1500);
     let prefix = unique("compactcommitcut");
-    let s3 = s3();
-    let proxy = Proxy::start(s3.endpoint.trim_start_matches("http://").parse().unwrap());
-    let mut w = Waltail::without_db("gen", "public.t");
-    w.s3(&prefix)
-        .set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url())
-        .set("WALTAIL_LOG", "waltail=info");
+    let (proxy, mut w) = through_proxy(&prefix);
     let versions = async || {
         let dir = tempfile::tempdir().unwrap();
         download(&prefix, dir.path()).await;

@@ -141,11 +141,7 @@ async fn landed(
     let since = previous.map_or(0, |p| p.version + 1);
     for version in since..=now.version {
         let entry = object_store::path::Path::from(format!("_delta_log/{version:020}.json"));
-        let bytes = match store.get(&entry).await {
-            Ok(got) => got.bytes().await,
-            Err(e) => Err(e),
-        };
-        let bytes = match bytes {
+        let bytes = match async { store.get(&entry).await?.bytes().await }.await {
             Ok(bytes) => bytes,
             // Cleaned up after a checkpoint: an old entry, not this commit.
             Err(object_store::Error::NotFound { .. }) => continue,
