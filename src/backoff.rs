@@ -1,7 +1,8 @@
 //! A wait that doubles from a floor to a ceiling: reconnecting to the
 //! source, retrying the backfill task and a listing, polling for the end of
-//! transactions. (Uploads have their own schedule, `delivery.backoff`, with
-//! jitter: see `delivery::retry`.)
+//! transactions, and a request to the store tried again
+//! ([`retry_transient`]). (Uploads have their own schedule,
+//! `delivery.backoff`, with jitter: see `delivery::retry`.)
 
 use std::time::Duration;
 
@@ -35,6 +36,32 @@ impl Backoff {
     /// Back to the floor (after a success).
     pub(crate) fn reset(&mut self) {
         self.current = self.min;
+    }
+}
+
+/// Runs `attempt` until it succeeds, fails with an error `transient` says
+/// is for good, or `budget` would be spent by the next wait; waits from
+/// 100 ms to 5 s between tries. Each try that failed is logged.
+pub(crate) async fn retry_transient<T, E, F>(
+    budget: Duration,
+    transient: impl Fn(&E) -> bool,
+    mut attempt: impl FnMut() -> F,
+) -> Result<T, E>
+where
+    E: std::error::Error + 'static,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    let started = std::time::Instant::now();
+    let mut wait = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    loop {
+        match attempt().await {
+            Err(e) if transient(&e) && started.elapsed() + wait.wait() < budget => {
+                tracing::info!(error = %crate::error::Report(&e), wait = ?wait.wait(), "trying again");
+                tokio::time::sleep(wait.wait()).await;
+                wait.grow();
+            }
+            done => return done,
+        }
     }
 }
 

@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 use crate::archive::codec::Codec;
 use crate::archive::key::{parse_key, under};
 use crate::archive::schema::SchemaRecord;
-use crate::backoff::Backoff;
 use crate::error::Disposition;
 use crate::error::ErrorKind;
 use crate::{Error, Result};
@@ -354,27 +353,14 @@ pub(crate) async fn put(
 /// Runs `attempt` until it succeeds, its error is not transient, or
 /// [`GET_RETRY_FOR`] has passed, waiting from 100 ms to 5 s between tries.
 pub(crate) async fn retrying<T, F: std::future::Future<Output = Result<T>>>(
-    mut attempt: impl FnMut() -> F,
+    attempt: impl FnMut() -> F,
 ) -> Result<T> {
-    let started = std::time::Instant::now();
-    let mut wait = Backoff::new(
-        std::time::Duration::from_millis(100),
-        std::time::Duration::from_secs(5),
-    );
-    loop {
-        match attempt().await {
-            Err(e)
-                if e.disposition() == Disposition::Retry
-                    && !local_disk(&e)
-                    && started.elapsed() + wait.wait() < GET_RETRY_FOR =>
-            {
-                tracing::info!(error = %crate::error::Report(&e), wait = ?wait.wait(), "trying again");
-                tokio::time::sleep(wait.wait()).await;
-                wait.grow();
-            }
-            done => return done,
-        }
-    }
+    crate::backoff::retry_transient(
+        GET_RETRY_FOR,
+        |e: &Error| e.disposition() == Disposition::Retry && !local_disk(e),
+        attempt,
+    )
+    .await
 }
 
 /// An error of the local folder store (a disk's, not a network's): not
@@ -385,7 +371,7 @@ fn local_disk(e: &Error) -> bool {
 }
 
 /// How long a GET or PUT of a whole object is tried again (see [`get`]).
-const GET_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+pub(crate) const GET_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 #[cfg(test)]
 mod tests {

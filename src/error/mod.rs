@@ -245,18 +245,7 @@ impl Error {
     /// retrying those only delays the message the operator needs.
     pub fn disposition(&self) -> Disposition {
         match self {
-            Error::Store { cause, .. } => match cause.as_ref() {
-                object_store::Error::PermissionDenied { .. }
-                | object_store::Error::Unauthenticated { .. }
-                | object_store::Error::NotImplemented { .. }
-                | object_store::Error::NotSupported { .. }
-                | object_store::Error::UnknownConfigurationKey { .. } => Disposition::Stop,
-                object_store::Error::NotFound { .. } => Disposition::Stop,
-                // A 4xx other than auth/not-found (e.g. 400 EntityTooLarge) is
-                // about this request, not the store.
-                other if client_error(other) => Disposition::Park,
-                _ => Disposition::Retry,
-            },
+            Error::Store { cause, .. } => store_disposition(cause),
             Error::Replication { source, .. } => match source.as_ref() {
                 ReplicationError::Io(_)
                 | ReplicationError::Closed
@@ -355,6 +344,23 @@ fn local_disk_hint(kind: std::io::ErrorKind) -> Option<String> {
 /// sits in a private module, so the error cannot be downcast to it. The
 /// test `a_400_from_a_real_server_is_a_client_error` holds the text to a
 /// real answer, so an upgrade that changes it fails there.
+/// [`Error::disposition`] of a store's error, for code that holds the
+/// store's error itself (see `sink::reread`).
+pub(crate) fn store_disposition(cause: &object_store::Error) -> Disposition {
+    match cause {
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. }
+        | object_store::Error::NotImplemented { .. }
+        | object_store::Error::NotSupported { .. }
+        | object_store::Error::UnknownConfigurationKey { .. } => Disposition::Stop,
+        object_store::Error::NotFound { .. } => Disposition::Stop,
+        // A 4xx other than auth/not-found (e.g. 400 EntityTooLarge) is
+        // about this request, not the store.
+        other if client_error(other) => Disposition::Park,
+        _ => Disposition::Retry,
+    }
+}
+
 fn client_error(err: &object_store::Error) -> bool {
     let text = err.to_string();
     text.split("status code: ")

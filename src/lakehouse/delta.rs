@@ -77,7 +77,9 @@ impl std::fmt::Debug for Location {
 
 impl Location {
     /// The Delta location of an archive. On S3 it shares the sink's store
-    /// (bucket-rooted, retried as compact retries); a folder gets a store
+    /// (bucket-rooted, retried as compact retries, its reads also after
+    /// errors the client leaves: see [`Reread`](crate::sink::reread)); a
+    /// folder gets a store
     /// rooted at `/` and `file://` URLs, so delta-rs sorts the folder's
     /// listings (a local file system lists in no order).
     pub fn new(dest: &DestinationConfig, store: &Arc<dyn ObjectStore>) -> Result<Location> {
@@ -109,7 +111,7 @@ impl Location {
                 }
                 let base = Url::parse(&url).map_err(|e| bad(format!("{url}: {e}")))?;
                 Ok(Location {
-                    root: Arc::clone(store),
+                    root: Arc::new(crate::sink::reread::Reread::new(Arc::clone(store))),
                     base,
                 })
             }
