@@ -22,6 +22,8 @@
 //! * `batch_build/100_changes`: `batch::Batcher::push` of 100 pre-rendered
 //!   `envelope::Change`s with `batch_size` 100, so each iteration fills and
 //!   cuts one batch: envelope lines, idempotency keys, row and table sets.
+//! * `batch_build/1000_reads`: the same for a backfill's object, 1,000
+//!   `read` events of different rows in one batch.
 //!
 //! Run with `cargo bench --bench hot_path` (append e.g.
 //! `-- --warm-up-time 1 --measurement-time 3` for a quicker run, or a filter
@@ -45,6 +47,8 @@ const END_LSN: u64 = 0x16_B374_F0A0;
 /// 2024-02-23 09:20:00 UTC, in microseconds since 2000-01-01.
 const COMMIT_TS: i64 = 762_002_400_000_000;
 const CHANGES_PER_TXN: usize = 100;
+/// `read` events per object, backfill's default (`backfill.batch_size`).
+const READS_PER_OBJECT: usize = 1000;
 
 /// (flags, name, type oid, type modifier) of `public.orders`, as in its
 /// Relation message. `numeric(12,2)` has typmod ((12 << 16) | 2) + 4.
@@ -331,6 +335,39 @@ fn bench_batch_build(c: &mut Criterion) {
     let mut g = c.benchmark_group("batch_build");
     g.throughput(Throughput::Elements(CHANGES_PER_TXN as u64));
     g.bench_function("100_changes", |b| b.iter(|| fill(&mut batcher)));
+
+    // A backfill's object: 1,000 `read` events of 1,000 different rows.
+    let reads: Vec<Change> = (0..READS_PER_OBJECT as u64 / CHANGES_PER_TXN as u64)
+        .flat_map(|round| {
+            changes.iter().map(move |c| Change {
+                op: envelope::Op::Read,
+                rows: envelope::RowSet::one(c.rows.as_slice()[0] ^ round),
+                ..c.clone()
+            })
+        })
+        .collect();
+    let mut reader = Batcher::new(
+        CHANGES_PER_TXN,
+        Duration::from_secs(60),
+        namespace,
+        Vec::new(),
+    )
+    .with_read_batch_size(READS_PER_OBJECT);
+    let mut read_seq = 0u64;
+    let mut fill_reads = |batcher: &mut Batcher| {
+        let mut cut = None;
+        for change in &reads {
+            read_seq += 1;
+            cut = batcher.push(read_seq, black_box(change));
+        }
+        match cut {
+            Some(Cut::Ready(batch)) => batch,
+            other => panic!("expected a full batch, got {other:?}"),
+        }
+    };
+    assert_eq!(fill_reads(&mut reader).rows.len(), READS_PER_OBJECT);
+    g.throughput(Throughput::Elements(READS_PER_OBJECT as u64));
+    g.bench_function("1000_reads", |b| b.iter(|| fill_reads(&mut reader)));
     g.finish();
 }
 

@@ -77,10 +77,15 @@ pub(crate) fn table(table: &str) -> u64 {
 /// identity ([`table`]), and a truncate changes every row of its table.
 #[derive(Debug, Default)]
 pub(crate) struct Holds {
-    rows: HashMap<u64, u32>,
+    rows: Counts,
     /// The tables the holding batches touch.
-    tables: HashMap<u64, u32>,
+    tables: Counts,
 }
+
+/// How many holding batches have each row (or table) identity: hashes
+/// already, hashed again in memory with a fast hasher (see
+/// [`crate::batch::RowHashSet`]).
+type Counts = HashMap<u64, u32, foldhash::fast::RandomState>;
 
 impl Holds {
     /// Whether a batch with these rows, touching these tables, must wait
@@ -113,7 +118,7 @@ impl Holds {
         rows: impl IntoIterator<Item = &'a u64>,
         tables: impl IntoIterator<Item = u64>,
     ) {
-        fn release(map: &mut HashMap<u64, u32>, key: u64) {
+        fn release(map: &mut Counts, key: u64) {
             if let Some(n) = map.get_mut(&key) {
                 *n -= 1;
                 if *n == 0 {

@@ -184,7 +184,7 @@ mod tests {
         assert!(!lot.blocks(&batch(3, &[9], "public.t")));
         let mut truncate = batch(4, &[], "public.t");
         // A truncate's row is its table's identity.
-        truncate.rows = HashSet::from([truncate.tables[0].hash]);
+        truncate.rows = crate::batch::RowHashSet::from_iter([truncate.tables[0].hash]);
         assert!(
             lot.blocks(&truncate),
             "a truncate of the table of a parked batch"
