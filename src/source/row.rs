@@ -40,6 +40,28 @@ pub(crate) struct RelationInfo {
     has_key: bool,
 }
 
+/// A column's value as rendering reads it, borrowed: from a decoded tuple
+/// (the stream) or straight from a line of `COPY` (backfill), so neither
+/// copies a value, nor touches a shared buffer's count per value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Value<'a> {
+    Null,
+    UnchangedToast,
+    Text(&'a [u8]),
+    Binary(&'a [u8]),
+}
+
+impl ColumnValue {
+    fn view(&self) -> Value<'_> {
+        match self {
+            ColumnValue::Null => Value::Null,
+            ColumnValue::UnchangedToast => Value::UnchangedToast,
+            ColumnValue::Text(b) => Value::Text(b),
+            ColumnValue::Binary(b) => Value::Binary(b),
+        }
+    }
+}
+
 /// A table's columns as the stream renders them, for rows read by SQL
 /// (backfill): the same JSON and the same row identity as a change of the
 /// same row would have.
@@ -54,9 +76,17 @@ impl TableShape {
 
     /// The row as a JSON object, and its identity for per-row ordering (see
     /// `Change::rows`), from text-format values in column order, e.g.
-    /// slices of a `COPY` row that need no copy.
-    pub(crate) fn render_tuple(&self, tuple: &TupleData) -> (Vec<u8>, u64) {
-        (row_json(&self.0, tuple, false), row_hash(&self.0, tuple))
+    /// slices of a `COPY` row that need no copy. The object's buffer is
+    /// allocated at `size_hint` bytes (the last row's size, say), so it
+    /// need not grow.
+    pub(crate) fn render<'a>(
+        &self,
+        values: impl Iterator<Item = Value<'a>> + Clone,
+        size_hint: usize,
+    ) -> (Vec<u8>, u64) {
+        let mut out = Vec::with_capacity(size_hint);
+        write_object(&self.0, values.clone(), false, &mut out);
+        (out, hash_values(&self.0, values))
     }
 }
 
@@ -127,17 +157,31 @@ pub(crate) fn row_json_with(
     before: Option<&TupleData>,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + tuple.0.len() * 16);
+    let values = tuple.0.iter().enumerate().map(|(i, value)| {
+        match (value, before.and_then(|b| b.0.get(i))) {
+            (ColumnValue::UnchangedToast, Some(old)) => old.view(),
+            _ => value.view(),
+        }
+    });
+    write_object(rel, values, key_only, &mut out);
+    out
+}
+
+/// Appends the JSON object of `values` (in column order) to `out`; an
+/// unchanged TOASTed value is left out.
+fn write_object<'a>(
+    rel: &RelationInfo,
+    values: impl Iterator<Item = Value<'a>>,
+    key_only: bool,
+    out: &mut Vec<u8>,
+) {
     out.push(b'{');
     let mut first = true;
-    for (i, (col, value)) in rel.columns.iter().zip(&tuple.0).enumerate() {
+    for (col, value) in rel.columns.iter().zip(values) {
         if key_only && rel.has_key && !col.is_key {
             continue;
         }
-        let value = match (value, before.and_then(|b| b.0.get(i))) {
-            (ColumnValue::UnchangedToast, Some(old)) => old,
-            _ => value,
-        };
-        if matches!(value, ColumnValue::UnchangedToast) {
+        if value == Value::UnchangedToast {
             continue;
         }
         if !first {
@@ -146,30 +190,33 @@ pub(crate) fn row_json_with(
         first = false;
         out.extend_from_slice(&col.key_json);
         match value {
-            ColumnValue::Text(text) => col.render.write(&mut out, text),
-            ColumnValue::Binary(bytes) => {
+            Value::Text(text) => col.render.write(out, text),
+            Value::Binary(bytes) => {
                 // Never requested (we ask for text); kept faithful if it comes.
                 use base64::Engine;
                 let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
-                types::write_json_str(&mut out, &b64)
+                types::write_json_str(out, &b64)
             }
-            ColumnValue::Null | ColumnValue::UnchangedToast => out.extend_from_slice(b"null"),
+            Value::Null | Value::UnchangedToast => out.extend_from_slice(b"null"),
         }
     }
     out.push(b'}');
-    out
 }
 
 /// Identifies the row (table + replica identity key) for per-row ordering.
 /// Without key columns the whole table counts as one row.
 pub(crate) fn row_hash(rel: &RelationInfo, tuple: &TupleData) -> u64 {
+    hash_values(rel, tuple.0.iter().map(ColumnValue::view))
+}
+
+fn hash_values<'a>(rel: &RelationInfo, values: impl Iterator<Item = Value<'a>>) -> u64 {
     let mut h = RowHasher::new(&rel.table.name);
-    for (col, value) in rel.columns.iter().zip(&tuple.0) {
+    for (col, value) in rel.columns.iter().zip(values) {
         if col.is_key {
             h.key_value(match value {
-                ColumnValue::Text(b) | ColumnValue::Binary(b) => KeyValue::Bytes(b),
-                ColumnValue::Null => KeyValue::Null,
-                ColumnValue::UnchangedToast => KeyValue::Unchanged,
+                Value::Text(b) | Value::Binary(b) => KeyValue::Bytes(b),
+                Value::Null => KeyValue::Null,
+                Value::UnchangedToast => KeyValue::Unchanged,
             });
         }
     }

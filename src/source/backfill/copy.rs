@@ -13,7 +13,7 @@ use futures::StreamExt;
 use tokio_postgres::Client;
 
 use super::{ChunkRows, MAX_CHUNK_BYTES, TablePlan};
-use crate::source::pgoutput::{ColumnValue, TupleData};
+use crate::source::row::Value;
 use crate::sql::quote_literal;
 use crate::{Error, Result};
 
@@ -58,12 +58,22 @@ pub(crate) async fn read_chunk(
     futures::pin_mut!(stream);
     let mut rows = Vec::new();
     let mut bytes = 0usize;
-    let mut values = Vec::new();
-    let mut last = TupleData(Vec::new());
+    let mut fields = Fields::default();
+    // The message holding the last row read, and where the row is in it
+    // (its key is where the next chunk starts).
+    let mut last: Option<(Bytes, std::ops::Range<usize>)> = None;
+    // Rows are rendered at about the last one's size.
+    let mut size_hint = 64;
     // A row split over two messages (the server sends one row per message,
     // but the protocol does not promise it).
     let mut partial: Vec<u8> = Vec::new();
     let mut full = false;
+    let unreadable = |why: String| {
+        Error::fatal(
+            format!("a row of {table} from COPY could not be read: {why}"),
+            "report this with the table's definition",
+        )
+    };
     'read: while let Some(data) = stream.next().await {
         let mut data = data.map_err(pg)?;
         if !partial.is_empty() {
@@ -71,28 +81,27 @@ pub(crate) async fn read_chunk(
             data = Bytes::from(std::mem::take(&mut partial));
         }
         let mut start = 0;
+        let mut last_here = None;
         while let Some(end) = memchr::memchr(b'\n', &data[start..]).map(|i| start + i) {
-            let line = data.slice(start..end);
-            start = end + 1;
-            values.clear();
-            row_values(&line, &mut values).map_err(|why| {
-                Error::fatal(
-                    format!("a row of {table} from COPY could not be read: {why}"),
-                    "report this with the table's definition",
-                )
-            })?;
-            let tuple = TupleData(std::mem::take(&mut values));
-            let (json, hash) = plan.shape.render_tuple(&tuple);
+            let line = &data[start..end];
+            fields.split(line).map_err(unreadable)?;
+            let (json, hash) = plan.shape.render(fields.values(line), size_hint);
+            size_hint = json.len() + 16;
             bytes += json.len();
             rows.push((hash, json));
-            values = std::mem::replace(&mut last, tuple).0;
+            last_here = Some(start..end);
+            start = end + 1;
             if bytes >= MAX_CHUNK_BYTES {
                 // More rows may follow: the next chunk starts after this one.
                 full = true;
+                last = last_here.map(|at| (data, at));
                 break 'read;
             }
         }
         partial.extend_from_slice(&data[start..]);
+        if let Some(at) = last_here {
+            last = Some((data, at));
+        }
     }
     if !full && !partial.is_empty() {
         return Err(Error::fatal(
@@ -100,17 +109,23 @@ pub(crate) async fn read_chunk(
             "report this with the server version",
         ));
     }
-    let last_key = (!rows.is_empty()).then(|| {
-        let key: Vec<String> = plan
-            .key
-            .iter()
-            .map(|(_, _, place)| match last.0.get(*place) {
-                Some(ColumnValue::Text(v)) => String::from_utf8_lossy(v).into_owned(),
-                _ => String::new(),
-            })
-            .collect();
-        serde_json::to_string(&key).expect("strings serialise")
-    });
+    let last_key = match &last {
+        Some((data, at)) => {
+            let line = &data[at.clone()];
+            fields.split(line).map_err(unreadable)?;
+            let values: Vec<Value> = fields.values(line).collect();
+            let key: Vec<String> = plan
+                .key
+                .iter()
+                .map(|(_, _, place)| match values.get(*place) {
+                    Some(Value::Text(v)) => String::from_utf8_lossy(v).into_owned(),
+                    _ => String::new(),
+                })
+                .collect();
+            Some(serde_json::to_string(&key).expect("strings serialise"))
+        }
+        None => None,
+    };
     let is_last = !full && (rows.len() as u64) < limit;
     Ok(ChunkRows {
         rows,
@@ -144,35 +159,66 @@ fn key_literals(plan: &TablePlan, key: &str) -> Result<String> {
         .join(", "))
 }
 
-/// Splits one row of COPY's text format (without its newline) into its
+/// One row of COPY's text format (without its newline) split into its
 /// values: separated by tabs, `\N` for NULL, backslash escapes undone.
-/// Values without an escape are slices of `line`, not copies.
-pub(crate) fn row_values(
-    line: &Bytes,
-    out: &mut Vec<ColumnValue>,
-) -> std::result::Result<(), String> {
-    let mut start = 0;
-    loop {
-        let end = memchr::memchr(b'\t', &line[start..]).map_or(line.len(), |i| start + i);
-        let field = &line[start..end];
-        out.push(if field == b"\\N" {
-            ColumnValue::Null
-        } else if memchr::memchr(b'\\', field).is_none() {
-            ColumnValue::Text(line.slice(start..end))
-        } else {
-            ColumnValue::Text(Bytes::from(unescape(field)?))
-        });
-        if end == line.len() {
-            return Ok(());
+/// Kept from row to row, so splitting a row allocates nothing.
+#[derive(Default)]
+pub(crate) struct Fields {
+    spans: Vec<Span>,
+    /// The values that had escapes, undone.
+    unescaped: Vec<u8>,
+}
+
+/// Where a value is: in the line, or undone into [`Fields::unescaped`].
+#[derive(Clone, Copy)]
+enum Span {
+    Null,
+    Line(usize, usize),
+    Unescaped(usize, usize),
+}
+
+impl Fields {
+    /// Splits `line`; its values are then [`Fields::values`].
+    pub(crate) fn split(&mut self, line: &[u8]) -> std::result::Result<(), String> {
+        self.spans.clear();
+        self.unescaped.clear();
+        let mut start = 0;
+        loop {
+            let end = memchr::memchr(b'\t', &line[start..]).map_or(line.len(), |i| start + i);
+            let field = &line[start..end];
+            self.spans.push(if field == b"\\N" {
+                Span::Null
+            } else if memchr::memchr(b'\\', field).is_none() {
+                Span::Line(start, end)
+            } else {
+                let from = self.unescaped.len();
+                unescape(field, &mut self.unescaped)?;
+                Span::Unescaped(from, self.unescaped.len())
+            });
+            if end == line.len() {
+                return Ok(());
+            }
+            start = end + 1;
         }
-        start = end + 1;
+    }
+
+    /// The values of the `line` last split, in column order: slices of
+    /// the line where it had no escape.
+    pub(crate) fn values<'a>(
+        &'a self,
+        line: &'a [u8],
+    ) -> impl Iterator<Item = Value<'a>> + Clone + 'a {
+        self.spans.iter().map(move |span| match *span {
+            Span::Null => Value::Null,
+            Span::Line(start, end) => Value::Text(&line[start..end]),
+            Span::Unescaped(start, end) => Value::Text(&self.unescaped[start..end]),
+        })
     }
 }
 
 /// Undoes COPY's text escapes: `\b \f \n \r \t \v`, `\\`, octal `\ooo`,
 /// hex `\xhh`, and a backslash before any other character stands for it.
-fn unescape(field: &[u8]) -> std::result::Result<Vec<u8>, String> {
-    let mut out = Vec::with_capacity(field.len());
+fn unescape(field: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), String> {
     let mut i = 0;
     while i < field.len() {
         let c = field[i];
@@ -221,7 +267,7 @@ fn unescape(field: &[u8]) -> std::result::Result<Vec<u8>, String> {
             other => out.push(other),
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -229,12 +275,13 @@ mod tests {
     use super::*;
 
     fn values(line: &str) -> Vec<Option<String>> {
-        let mut out = Vec::new();
-        row_values(&Bytes::copy_from_slice(line.as_bytes()), &mut out).unwrap();
-        out.into_iter()
+        let mut fields = Fields::default();
+        fields.split(line.as_bytes()).unwrap();
+        fields
+            .values(line.as_bytes())
             .map(|v| match v {
-                ColumnValue::Text(b) => Some(String::from_utf8(b.to_vec()).unwrap()),
-                ColumnValue::Null => None,
+                Value::Text(b) => Some(String::from_utf8(b.to_vec()).unwrap()),
+                Value::Null => None,
                 other => panic!("{other:?}"),
             })
             .collect()
@@ -259,16 +306,20 @@ mod tests {
         // A literal `\N` inside a value is escaped, so it is text.
         assert_eq!(values("\\\\N"), vec![Some("\\N".into())]);
         assert_eq!(values("\\101\\x42\\q"), vec![Some("ABq".into())]);
-        let mut out = Vec::new();
-        assert!(row_values(&Bytes::from_static(b"x\\"), &mut out).is_err());
+        // Two escaped values and a plain one between them.
+        assert_eq!(
+            values("\\x41\tb\t\\x43"),
+            vec![Some("A".into()), Some("b".into()), Some("C".into())]
+        );
+        assert!(Fields::default().split(b"x\\").is_err());
     }
 
     #[test]
     fn unescaped_values_are_slices_of_the_line() {
-        let line = Bytes::from_static(b"abc\tdef");
-        let mut out = Vec::new();
-        row_values(&line, &mut out).unwrap();
-        let ColumnValue::Text(v) = &out[1] else {
+        let line = b"abc\tdef";
+        let mut fields = Fields::default();
+        fields.split(line).unwrap();
+        let Some(Value::Text(v)) = fields.values(line).nth(1) else {
             panic!()
         };
         assert_eq!(v.as_ptr(), line[4..].as_ptr());
