@@ -42,6 +42,7 @@ impl Backoff {
 /// Runs `attempt` until it succeeds, fails with an error `transient` says
 /// is for good, or `budget` would be spent by the next wait; waits from
 /// 100 ms to 5 s between tries. Each try that failed is logged.
+#[cfg(feature = "lakehouse")]
 pub(crate) async fn retry_transient<T, E, F>(
     budget: Duration,
     transient: impl Fn(&E) -> bool,

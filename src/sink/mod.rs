@@ -7,6 +7,7 @@
 //! re-sent batch leaves exactly the same object.
 
 pub(crate) mod credentials;
+#[cfg(feature = "lakehouse")]
 pub(crate) mod reread;
 
 use std::sync::Arc;
