@@ -35,7 +35,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use waltail::archive::envelope::{self, Change};
-use waltail::batch::{Batcher, Cut};
+use waltail::batch::{Batch, Batcher, Cut};
 use waltail::source::pgoutput::{self, ColumnValue, LogicalMessage};
 use waltail::source::replication::ReplicationMessage;
 use waltail::source::stream::{Decoder, SourceEvent};
@@ -305,28 +305,33 @@ fn bench_source_decoder(c: &mut Criterion) {
     g.finish();
 }
 
+/// Pushes `changes` through `batcher`, numbered on from `seq`: they must
+/// fill exactly one batch, which is returned.
+fn fill(batcher: &mut Batcher, changes: &[Change], seq: &mut u64) -> Batch {
+    let mut cut = None;
+    for change in changes {
+        *seq += 1;
+        cut = batcher.push(*seq, black_box(change));
+    }
+    match cut {
+        Some(Cut::Ready(batch)) => batch,
+        other => panic!("expected a full batch, got {other:?}"),
+    }
+}
+
 fn bench_batch_build(c: &mut Criterion) {
     let changes = decoded_changes();
     let namespace = envelope::pipeline_namespace("bench");
-    let mut batcher = Batcher::new(
-        CHANGES_PER_TXN,
-        Duration::from_secs(60),
-        namespace,
-        Vec::new(),
-    );
-    let mut seq = 0u64;
-    let mut fill = |batcher: &mut Batcher| {
-        let mut cut = None;
-        for change in &changes {
-            seq += 1;
-            cut = batcher.push(seq, black_box(change));
-        }
-        match cut {
-            Some(Cut::Ready(batch)) => batch,
-            other => panic!("expected a full batch, got {other:?}"),
-        }
+    let batcher = || {
+        Batcher::new(
+            CHANGES_PER_TXN,
+            Duration::from_secs(60),
+            namespace,
+            Vec::new(),
+        )
     };
-    let batch = fill(&mut batcher);
+    let (mut streamed, mut seq) = (batcher(), 0u64);
+    let batch = fill(&mut streamed, &changes, &mut seq);
     assert_eq!(batch.changes(), CHANGES_PER_TXN as u64);
     for line in batch.body.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
         serde_json::from_slice::<serde_json::Value>(line).unwrap();
@@ -334,7 +339,9 @@ fn bench_batch_build(c: &mut Criterion) {
 
     let mut g = c.benchmark_group("batch_build");
     g.throughput(Throughput::Elements(CHANGES_PER_TXN as u64));
-    g.bench_function("100_changes", |b| b.iter(|| fill(&mut batcher)));
+    g.bench_function("100_changes", |b| {
+        b.iter(|| fill(&mut streamed, &changes, &mut seq))
+    });
 
     // A backfill's object: 1,000 `read` events of 1,000 different rows.
     let reads: Vec<Change> = (0..READS_PER_OBJECT as u64 / CHANGES_PER_TXN as u64)
@@ -346,28 +353,13 @@ fn bench_batch_build(c: &mut Criterion) {
             })
         })
         .collect();
-    let mut reader = Batcher::new(
-        CHANGES_PER_TXN,
-        Duration::from_secs(60),
-        namespace,
-        Vec::new(),
-    )
-    .with_read_batch_size(READS_PER_OBJECT);
-    let mut read_seq = 0u64;
-    let mut fill_reads = |batcher: &mut Batcher| {
-        let mut cut = None;
-        for change in &reads {
-            read_seq += 1;
-            cut = batcher.push(read_seq, black_box(change));
-        }
-        match cut {
-            Some(Cut::Ready(batch)) => batch,
-            other => panic!("expected a full batch, got {other:?}"),
-        }
-    };
-    assert_eq!(fill_reads(&mut reader).rows.len(), READS_PER_OBJECT);
+    let (mut reader, mut read_seq) = (batcher().with_read_batch_size(READS_PER_OBJECT), 0u64);
+    let batch = fill(&mut reader, &reads, &mut read_seq);
+    assert_eq!(batch.rows.len(), READS_PER_OBJECT);
     g.throughput(Throughput::Elements(READS_PER_OBJECT as u64));
-    g.bench_function("1000_reads", |b| b.iter(|| fill_reads(&mut reader)));
+    g.bench_function("1000_reads", |b| {
+        b.iter(|| fill(&mut reader, &reads, &mut read_seq))
+    });
     g.finish();
 }
 
