@@ -216,27 +216,21 @@ impl Batcher {
     }
 
     fn append(&mut self, seq: u64, change: &Change) {
-        let limit = if change.op == envelope::Op::Read {
-            self.read_batch_size
-        } else {
-            self.batch_size
+        let batch = match &mut self.current {
+            Some(batch) => batch,
+            None => self.current.insert(Batch {
+                first_seq: seq,
+                last_seq: seq,
+                commit_ts: change.commit_ts,
+                body: Vec::with_capacity(self.body_size(change.op)),
+                rows: RowHashSet::default(),
+                tables: Vec::new(),
+                recorded: false,
+                key: String::new(),
+                from_parked: false,
+                codec: None,
+            }),
         };
-        // An eighth more than the last batch's lines, so a batch of lines
-        // a little longer still fits; never more than a batch may hold.
-        let size =
-            (limit.min(10_000) * self.line_bytes / 8 * 9).min(self.max_bytes + self.line_bytes);
-        let batch = self.current.get_or_insert_with(|| Batch {
-            first_seq: seq,
-            last_seq: seq,
-            commit_ts: change.commit_ts,
-            body: Vec::with_capacity(size),
-            rows: RowHashSet::default(),
-            tables: Vec::new(),
-            recorded: false,
-            key: String::new(),
-            from_parked: false,
-            codec: None,
-        });
         if !batch.tables.iter().any(|t| Arc::ptr_eq(t, &change.table)) {
             batch.tables.push(change.table.clone());
         }
@@ -272,6 +266,18 @@ impl Batcher {
         }
         self.deadline = None;
         self.cut()
+    }
+
+    /// The room a new batch's body starts with, its first change being
+    /// `op`: an eighth more than its limit of the last batch's lines, so
+    /// lines a little longer still fit; never more than a batch may hold.
+    fn body_size(&self, op: envelope::Op) -> usize {
+        let limit = if op == envelope::Op::Read {
+            self.read_batch_size
+        } else {
+            self.batch_size
+        };
+        (limit.min(10_000) * self.line_bytes / 8 * 9).min(self.max_bytes + self.line_bytes)
     }
 
     /// The current batch, taken out; its lines' size is what the next

@@ -96,23 +96,13 @@ impl ObjectStore for Reread {
             if options.head || got.range.end - got.range.start > WHOLE_BODY {
                 return Ok(got);
             }
-            let GetResult {
-                meta,
-                range,
-                attributes,
-                payload,
-            } = got;
-            let body = GetResult {
-                payload,
-                meta: meta.clone(),
-                range: range.clone(),
-                attributes: attributes.clone(),
-            }
-            .bytes()
-            .await?;
-            let whole = futures::stream::once(async move { Ok(body) }).boxed();
+            let (meta, range, attributes) =
+                (got.meta.clone(), got.range.clone(), got.attributes.clone());
+            let body = got.bytes().await?;
             Ok(GetResult {
-                payload: GetResultPayload::Stream(whole),
+                payload: GetResultPayload::Stream(
+                    futures::stream::once(async move { Ok(body) }).boxed(),
+                ),
                 meta,
                 range,
                 attributes,

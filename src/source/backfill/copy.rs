@@ -113,11 +113,10 @@ pub(crate) async fn read_chunk(
         Some((data, at)) => {
             let line = &data[at.clone()];
             fields.split(line).map_err(unreadable)?;
-            let values: Vec<Value> = fields.values(line).collect();
             let key: Vec<String> = plan
                 .key
                 .iter()
-                .map(|(_, _, place)| match values.get(*place) {
+                .map(|(_, _, place)| match fields.values(line).nth(*place) {
                     Some(Value::Text(v)) => String::from_utf8_lossy(v).into_owned(),
                     _ => String::new(),
                 })
