@@ -6,7 +6,7 @@
 use rusqlite::{OptionalExtension, params};
 
 use super::Checkpoint;
-use super::chunks::{self, ChunkFiles};
+use super::chunks::{ChunkBody, ChunkFiles};
 use crate::error::ErrorKind;
 use crate::{Error, Result};
 
@@ -282,13 +282,12 @@ impl Checkpoint {
             .map_err(self.err())
     }
 
-    /// Stores a chunk's rows `(row hash, data JSON)`, before its high
-    /// watermark is written: in the chunk's file (see [`chunks`]), synced,
-    /// then the chunk marked stored.
+    /// Stores a chunk's rows, before its high watermark is written: in the
+    /// chunk's file (see [`chunks`]), synced, then the chunk marked stored.
     pub(crate) fn store_chunk(
         &mut self,
         chunk: i64,
-        rows: &[(u64, Vec<u8>)],
+        rows: &ChunkBody,
         last_key: Option<&str>,
         is_last: bool,
         members: &str,
@@ -338,10 +337,10 @@ impl Checkpoint {
             .map_err(self.err())
     }
 
-    /// A stored chunk's rows `(row hash, data JSON)`, in key order (empty
-    /// once forgotten). A state of an earlier release may hold them in the
-    /// database instead of a file.
-    pub(crate) fn chunk_rows(&self, chunk: i64) -> Result<Vec<(u64, Vec<u8>)>> {
+    /// A stored chunk's rows, in key order (empty once forgotten). A state
+    /// of an earlier release may hold them in the database instead of a
+    /// file.
+    pub(crate) fn chunk_rows(&self, chunk: i64) -> Result<ChunkBody> {
         let found: Option<(bool, bool, Option<Vec<u8>>)> = self
             .conn
             .query_row(
@@ -352,7 +351,7 @@ impl Checkpoint {
             .optional()
             .map_err(self.err())?;
         let Some((stored, true, body)) = found else {
-            return Ok(Vec::new());
+            return Ok(ChunkBody::default());
         };
         let files = self.chunk_files();
         let file = files.read(chunk).map_err(|e| {
@@ -365,10 +364,10 @@ impl Checkpoint {
             )
         })?;
         let rows = match (file, body) {
-            (Some(file), _) => chunks::decode(&file),
-            (None, Some(body)) => chunks::decode_rows(&body),
+            (Some(file), _) => file,
+            (None, Some(body)) => ChunkBody::from_bytes(body),
             (None, None) if stored => None,
-            (None, None) => Some(Vec::new()),
+            (None, None) => Some(ChunkBody::default()),
         };
         rows.ok_or_else(|| {
             Error::fatal(
@@ -605,14 +604,18 @@ mod tests {
         .unwrap();
         let ranges = cp.ranges(id).unwrap();
         assert_eq!(ranges.len(), 2);
-        let rows = vec![(7u64, b"{\"id\":1}".to_vec()), (u64::MAX, Vec::new())];
+        let mut rows = ChunkBody::default();
+        rows.push(7, b"{\"id\":1}");
+        rows.push(u64::MAX, b"");
+        let mut first = ChunkBody::default();
+        first.push(7, b"{\"id\":1}");
         // Lane 0 reads the first range, lane 1 the second, at once.
         let c1 = cp.new_chunk(id, ranges[0].id, 0).unwrap();
         let c2 = cp.new_chunk(id, ranges[1].id, 1).unwrap();
         assert_eq!(cp.unfinished_chunks(id).unwrap(), vec![(c1, 0), (c2, 1)]);
         cp.store_chunk(c1, &rows, Some(r#"["2"]"#), true, "m")
             .unwrap();
-        cp.store_chunk(c2, &rows[..1], Some(r#"["3"]"#), false, "m")
+        cp.store_chunk(c2, &first, Some(r#"["3"]"#), false, "m")
             .unwrap();
         assert_eq!(cp.chunk_rows(c1).unwrap(), rows);
         let chunk = cp.chunk(c1).unwrap().unwrap();
@@ -642,7 +645,7 @@ mod tests {
         // Lane 0's chunk c4, after c3 by id, is still on its way.
         let c4 = cp.new_chunk(id, ranges[0].id, 0).unwrap();
         cp.store_chunk(c4, &rows, None, false, "m").unwrap();
-        cp.store_chunk(c3, &rows[..1], None, true, "m").unwrap();
+        cp.store_chunk(c3, &first, None, true, "m").unwrap();
         cp.complete_chunk(c3, 200, 1, &[]).unwrap();
         assert_eq!(cp.backfill(id).unwrap().unwrap().status, "done");
         // Rows stay until their high watermark is confirmed, by lane: c3's
@@ -678,15 +681,17 @@ mod tests {
         let mut cp = Checkpoint::open(&path).unwrap();
         let id = cp.request_backfill("public", "t", 2, 3).unwrap();
         let c = cp.new_chunk(id, 0, 0).unwrap();
-        let mut body = Vec::new();
-        chunks::encode_rows(&[(1, b"abc".to_vec())], &mut body).unwrap();
+        let mut rows = ChunkBody::default();
+        rows.push(1, b"abc");
+        // The layout of a chunk file's rows, which is how it was kept.
+        let body: Vec<u8> = [&1u64.to_le_bytes()[..], &3u32.to_le_bytes(), b"abc"].concat();
         cp.conn
             .execute(
                 "UPDATE backfill_chunks SET stored = 1, rows = 1, body = ?2 WHERE id = ?1",
                 params![c, body],
             )
             .unwrap();
-        assert_eq!(cp.chunk_rows(c).unwrap(), vec![(1, b"abc".to_vec())]);
+        assert_eq!(cp.chunk_rows(c).unwrap(), rows);
         cp.complete_chunk(c, 10, 1, &[]).unwrap();
         cp.forget_chunks(10).unwrap();
         assert!(cp.chunk_rows(c).unwrap().is_empty());

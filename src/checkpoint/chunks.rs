@@ -17,7 +17,7 @@
 //! garbage, removed when its chunk is forgotten or by [`ChunkFiles::sweep`].
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, ErrorKind, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 
 /// The size of the writes a chunk file is written in.
@@ -51,30 +51,44 @@ impl ChunkFiles {
     /// Writes a chunk's rows and makes them durable: the file and the
     /// folder's entry for it are synced before this returns. The folder
     /// must exist (the state creates it as its own, private).
-    pub(super) fn write(&self, chunk: i64, rows: &[(u64, Vec<u8>)]) -> std::io::Result<()> {
-        let file = OpenOptions::new()
+    pub(super) fn write(&self, chunk: i64, rows: &ChunkBody) -> std::io::Result<()> {
+        let mut file = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .open(self.path(chunk))?;
-        // Through a small buffer: a whole chunk (megabytes) in one write
+        let mut header = [0u8; HEADER];
+        header[..8].copy_from_slice(MAGIC);
+        header[8..].copy_from_slice(&(rows.len() as u32).to_le_bytes());
+        file.write_all(&header)?;
+        // In quarter-megabyte writes: a whole chunk (megabytes) in one write
         // spent several times longer in the kernel's copy into the page
-        // cache than the same bytes in quarter-megabyte writes (`perf`
-        // over scripts/bench-backfill.sh), and no copy of the chunk is made.
-        let mut out = BufWriter::with_capacity(WRITE_BYTES, file);
-        encode(rows, &mut out)?;
-        let file = out.into_inner().map_err(|e| e.into_error())?;
+        // cache than the same bytes in pieces (`perf` over
+        // scripts/bench-backfill.sh).
+        for part in rows.bytes.chunks(WRITE_BYTES) {
+            file.write_all(part)?;
+        }
         file.sync_data()?;
         File::open(&self.dir)?.sync_all()
     }
 
-    /// A chunk's file, or `None` if there is none.
-    pub(super) fn read(&self, chunk: i64) -> std::io::Result<Option<Vec<u8>>> {
-        match std::fs::read(self.path(chunk)) {
-            Ok(body) => Ok(Some(body)),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
+    /// A chunk's rows from its file: `Ok(None)` if there is no file,
+    /// `Ok(Some(None))` if it is not a chunk file or is cut short.
+    pub(super) fn read(&self, chunk: i64) -> std::io::Result<Option<Option<ChunkBody>>> {
+        let mut file = match File::open(self.path(chunk)) {
+            Ok(file) => file,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let size = file.metadata()?.len() as usize;
+        let mut header = [0u8; HEADER];
+        match file.read_exact(&mut header) {
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(Some(None)),
+            other => other?,
         }
+        let mut body = Vec::with_capacity(size.saturating_sub(HEADER));
+        file.read_to_end(&mut body)?;
+        Ok(Some(decode(&header, body)))
     }
 
     /// Removes a chunk's file if there is one. No sync: a removal lost in
@@ -113,63 +127,155 @@ impl ChunkFiles {
     }
 }
 
-/// A chunk file: [`MAGIC`], the number of rows (4 bytes LE), then the rows
-/// as [`encode_rows`] lays them out.
-pub(super) fn encode(rows: &[(u64, Vec<u8>)], out: &mut impl Write) -> std::io::Result<()> {
-    out.write_all(MAGIC)?;
-    out.write_all(&(rows.len() as u32).to_le_bytes())?;
-    encode_rows(rows, out)
+/// A chunk file's header: [`MAGIC`], then the number of rows (4 bytes LE).
+const HEADER: usize = 12;
+
+/// The rows of a chunk file whose first [`HEADER`] bytes are `header` and
+/// the rest `body`; `None` if it is not one or is cut short.
+fn decode(header: &[u8; HEADER], body: Vec<u8>) -> Option<ChunkBody> {
+    let count = header.strip_prefix(MAGIC.as_slice())?;
+    let count = u32::from_le_bytes(count.try_into().ok()?) as usize;
+    ChunkBody::from_bytes(body).filter(|rows| rows.len() == count)
 }
 
-/// The rows of a chunk file; `None` if it is not one or is cut short.
-pub(super) fn decode(file: &[u8]) -> Option<Vec<(u64, Vec<u8>)>> {
-    let rest = file.strip_prefix(MAGIC)?;
-    let count = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
-    decode_rows(&rest[4..]).filter(|rows| rows.len() == count)
+/// A chunk's rows in one buffer, as a chunk file holds them after its
+/// header: per row, the row hash (8 bytes LE), the data's length (4 bytes
+/// LE) and the data (the row's JSON object). A backfill reader renders
+/// rows straight into it, its file is these bytes behind a header, and the
+/// pipeline emits from it (in memory, or read back from the file after a
+/// restart), so no row is allocated on its own on the way. A state written
+/// by an earlier release holds its chunks' rows in this layout in the
+/// database.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct ChunkBody {
+    bytes: Vec<u8>,
+    rows: usize,
 }
 
-/// Per row: the row hash (8 bytes LE), the data's length (4 bytes LE) and
-/// the data. A state written by an earlier release holds its chunks' rows
-/// in this layout in the database.
-pub(super) fn encode_rows(rows: &[(u64, Vec<u8>)], out: &mut impl Write) -> std::io::Result<()> {
-    for (hash, data) in rows {
-        out.write_all(&hash.to_le_bytes())?;
-        out.write_all(&(data.len() as u32).to_le_bytes())?;
-        out.write_all(data)?;
+impl ChunkBody {
+    /// The bytes before each row's data: its hash and its data's length.
+    pub(crate) const ROW_HEAD: usize = 12;
+
+    /// Empty, with room for `bytes` of rows.
+    pub(crate) fn with_capacity(bytes: usize) -> ChunkBody {
+        ChunkBody {
+            bytes: Vec::with_capacity(bytes),
+            rows: 0,
+        }
     }
-    Ok(())
-}
 
-/// The rows of [`encode_rows`]; `None` if they are cut short.
-pub(super) fn decode_rows(mut body: &[u8]) -> Option<Vec<(u64, Vec<u8>)>> {
-    let mut rows = Vec::new();
-    while !body.is_empty() {
-        let hash = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
-        let len = u32::from_le_bytes(body.get(8..12)?.try_into().ok()?) as usize;
-        rows.push((hash, body.get(12..12 + len)?.to_vec()));
-        body = &body[12 + len..];
+    /// Appends a row whose data `render` appends to the buffer it is
+    /// given; `render` returns the row's hash.
+    pub(crate) fn push_with(&mut self, render: impl FnOnce(&mut Vec<u8>) -> u64) {
+        let at = self.bytes.len();
+        self.bytes.extend_from_slice(&[0; Self::ROW_HEAD]);
+        let hash = render(&mut self.bytes);
+        let len = u32::try_from(self.bytes.len() - at - Self::ROW_HEAD).expect("a row under 4 GiB");
+        self.bytes[at..at + 8].copy_from_slice(&hash.to_le_bytes());
+        self.bytes[at + 8..at + Self::ROW_HEAD].copy_from_slice(&len.to_le_bytes());
+        self.rows += 1;
     }
-    Some(rows)
+
+    /// Appends a row.
+    #[cfg(test)]
+    pub(crate) fn push(&mut self, hash: u64, data: &[u8]) {
+        self.push_with(|out| {
+            out.extend_from_slice(data);
+            hash
+        });
+    }
+
+    /// How many rows.
+    pub(crate) fn len(&self) -> usize {
+        self.rows
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// The bytes of the rows' data, without their hashes and lengths.
+    pub(crate) fn data_bytes(&self) -> usize {
+        self.bytes.len() - self.rows * Self::ROW_HEAD
+    }
+
+    /// The rows `(row hash, data)`, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, &[u8])> + '_ {
+        let mut rest = self.bytes.as_slice();
+        std::iter::from_fn(move || {
+            let (head, tail) = rest.split_first_chunk::<{ Self::ROW_HEAD }>()?;
+            let hash = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+            let len = u32::from_le_bytes(head[8..].try_into().expect("4 bytes")) as usize;
+            let (data, tail) = tail.split_at(len);
+            rest = tail;
+            Some((hash, data))
+        })
+    }
+
+    /// Rows laid out as [`ChunkBody`] lays them out; `None` if they are cut
+    /// short.
+    pub(super) fn from_bytes(bytes: Vec<u8>) -> Option<ChunkBody> {
+        let mut rows = 0;
+        let mut rest = bytes.as_slice();
+        while let Some((head, tail)) = rest.split_first_chunk::<{ Self::ROW_HEAD }>() {
+            let len = u32::from_le_bytes(head[8..].try_into().expect("4 bytes")) as usize;
+            rest = tail.get(len..)?;
+            rows += 1;
+        }
+        rest.is_empty().then_some(ChunkBody { bytes, rows })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn body(rows: &[(u64, &[u8])]) -> ChunkBody {
+        let mut body = ChunkBody::default();
+        for (hash, data) in rows {
+            body.push(*hash, data);
+        }
+        body
+    }
+
+    #[test]
+    fn rows_come_back_as_they_went_in() {
+        let mut rows = body(&[(1, b"abc"), (u64::MAX, b"")]);
+        rows.push_with(|out| {
+            out.extend_from_slice(b"{}");
+            7
+        });
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows.data_bytes(), 5);
+        let back: Vec<(u64, &[u8])> = rows.iter().collect();
+        assert_eq!(back, [(1, &b"abc"[..]), (u64::MAX, b""), (7, b"{}")]);
+        assert_eq!(ChunkBody::from_bytes(rows.bytes.clone()), Some(rows));
+    }
+
     #[test]
     fn a_cut_or_foreign_chunk_file_is_refused() {
-        let rows = vec![(1, b"abc".to_vec()), (2, Vec::new())];
-        let mut file = Vec::new();
-        encode(&rows, &mut file).unwrap();
-        assert_eq!(decode(&file).unwrap(), rows);
-        // Cut inside a row, and cut at a row's end (the count tells).
-        assert!(decode(&file[..file.len() - 1]).is_none());
-        assert!(decode(&file[..file.len() - 12]).is_none());
-        assert!(decode(&file[8..]).is_none(), "no magic");
-        let mut legacy = Vec::new();
-        encode_rows(&rows, &mut legacy).unwrap();
-        assert_eq!(decode_rows(&legacy).unwrap(), rows);
-        assert!(decode_rows(&legacy[..legacy.len() - 13]).is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let files = ChunkFiles::beside(&dir.path().join("p.sqlite"));
+        std::fs::create_dir(files.dir()).unwrap();
+        let rows = body(&[(1, b"abc"), (2, b"")]);
+        files.write(1, &rows).unwrap();
+        assert_eq!(files.read(1).unwrap(), Some(Some(rows.clone())));
+        let file = std::fs::read(files.path(1)).unwrap();
+        // Cut inside a row, at a row's end (the count tells), in the header.
+        for cut in [file.len() - 1, file.len() - 12, 5] {
+            std::fs::write(files.path(1), &file[..cut]).unwrap();
+            assert_eq!(files.read(1).unwrap(), Some(None), "cut at {cut}");
+        }
+        std::fs::write(files.path(1), &file[8..]).unwrap();
+        assert_eq!(files.read(1).unwrap(), Some(None), "no magic");
+        // The layout an earlier release kept in the database.
+        let bytes = rows.bytes.clone();
+        assert_eq!(ChunkBody::from_bytes(bytes.clone()), Some(rows));
+        assert_eq!(
+            ChunkBody::from_bytes(bytes[..bytes.len() - 13].to_vec()),
+            None
+        );
     }
 
     #[test]
@@ -181,15 +287,10 @@ mod tests {
         assert_eq!(files.sweep(|_| false).unwrap(), 0, "no folder yet");
         std::fs::create_dir(files.dir()).unwrap();
         for chunk in 1..=3 {
-            files
-                .write(chunk, &[(chunk as u64, b"x".to_vec())])
-                .unwrap();
+            files.write(chunk, &body(&[(chunk as u64, b"x")])).unwrap();
         }
         std::fs::write(files.dir().join("stray.tmp"), b"").unwrap();
-        assert_eq!(
-            decode(&files.read(2).unwrap().unwrap()).unwrap(),
-            vec![(2, b"x".to_vec())]
-        );
+        assert_eq!(files.read(2).unwrap(), Some(Some(body(&[(2, b"x")]))));
         files.remove(1).unwrap();
         files.remove(1).unwrap();
         assert_eq!(files.read(1).unwrap(), None);

@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OptionalExtension, params};
 
 pub(crate) use self::backfill::{Backfill, Chunk, KeyRange, Progress};
+pub(crate) use self::chunks::ChunkBody;
 pub(crate) use self::parked::{ParkStatus, Parked};
 use crate::archive::codec::Codec;
 use crate::batch::Intent;

@@ -109,11 +109,10 @@ pub(crate) async fn backfill(config: &Config, opts: Options) -> Result<ExitCode>
             let read_rate = sample.rows.len() as f64 / started.elapsed().as_secs_f64().max(1e-6);
             let row_bytes = sample
                 .rows
-                .iter()
-                .map(|(_, d)| d.len() + ENVELOPE_BYTES)
-                .sum::<usize>()
+                .data_bytes()
                 .checked_div(sample.rows.len())
-                .unwrap_or(ENVELOPE_BYTES);
+                .unwrap_or(0)
+                + ENVELOPE_BYTES;
             estimates.push(TableEstimate {
                 table: table.clone(),
                 size,

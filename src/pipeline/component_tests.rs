@@ -397,10 +397,10 @@ async fn a_backfill_window_leaves_out_rows_changed_inside_it() {
         state.add_ranges(backfill, &[(None, None)], None).unwrap();
         let range = state.ranges(backfill).unwrap()[0].id;
         let chunk = state.new_chunk(backfill, range, 0).unwrap();
-        let rows: Vec<(u64, Vec<u8>)> = [11, 12, 13]
-            .iter()
-            .map(|&r| (r, format!("{{\"id\":{r}}}").into_bytes()))
-            .collect();
+        let mut rows = crate::checkpoint::ChunkBody::default();
+        for r in [11, 12, 13] {
+            rows.push(r, format!("{{\"id\":{r}}}").as_bytes());
+        }
         state
             .store_chunk(chunk, &rows, Some("13"), true, "\"columns\":[]")
             .unwrap();

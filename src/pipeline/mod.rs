@@ -33,7 +33,7 @@ use crate::archive::codec::Codec;
 use crate::archive::envelope;
 use crate::archive::{self, key};
 use crate::batch::{Batch, Batcher, Cut, Intent};
-use crate::checkpoint::{Checkpoint, Chunk, Cursor, ParkStatus};
+use crate::checkpoint::{Checkpoint, Chunk, ChunkBody, Cursor, ParkStatus};
 use crate::config::Config;
 use crate::console::{Fate, JOURNAL};
 use crate::delivery::parking::ParkingLot;

@@ -4,6 +4,8 @@
 //! place, and a low watermark's transaction is held until those events
 //! are written (see `source::backfill` for the whole scheme).
 
+use std::sync::Arc;
+
 use super::*;
 
 impl Pipeline<'_> {
@@ -38,6 +40,8 @@ impl Pipeline<'_> {
                 for lane in closing {
                     if let Some(w) = self.windows.close(lane) {
                         tracing::debug!(chunk = w.chunk, lane, "backfill chunk given up");
+                        // Its rows are not emitted: not kept in memory either.
+                        self.backfill.handoff().take(w.chunk);
                         self.hold_low(w.low_end, 0);
                         if mark.mark == Mark::Abort {
                             self.report_chunk(lane, w.chunk);
@@ -75,9 +79,9 @@ impl Pipeline<'_> {
                             lane,
                             "a backfill chunk done before the restart: its read events go out again with their seqs"
                         );
-                        let rows = self.checkpoint.chunk_rows(chunk.id)?;
+                        let rows = self.chunk_rows(chunk.id)?;
                         let skipped = self.checkpoint.chunk_skipped(chunk.id)?;
-                        self.emit_chunk(&chunk, rows, &skipped, commit_lsn, commit_ts)
+                        self.emit_chunk(&chunk, &rows, &skipped, commit_lsn, commit_ts)
                             .await?;
                     }
                     return Ok(());
@@ -93,13 +97,13 @@ impl Pipeline<'_> {
                     return Ok(());
                 };
                 let started = std::time::Instant::now();
-                let rows = self.checkpoint.chunk_rows(chunk.id)?;
+                let rows = self.chunk_rows(chunk.id)?;
                 let loaded = started.elapsed();
                 let skipped = self
                     .windows
-                    .skipped(lane, rows.iter().map(|(hash, _)| *hash));
+                    .skipped(lane, rows.iter().map(|(hash, _)| hash));
                 let sent = self
-                    .emit_chunk(chunk, rows, &skipped, commit_lsn, commit_ts)
+                    .emit_chunk(chunk, &rows, &skipped, commit_lsn, commit_ts)
                     .await?;
                 tracing::debug!(
                     chunk = chunk.id,
@@ -115,12 +119,21 @@ impl Pipeline<'_> {
         Ok(())
     }
 
+    /// A stored chunk's rows: as its reader handed them over, or from its
+    /// file (after a restart, or when the hand-over no longer holds them).
+    fn chunk_rows(&mut self, chunk: i64) -> Result<Arc<ChunkBody>> {
+        match self.backfill.handoff().take(chunk) {
+            Some(rows) => Ok(rows),
+            None => Ok(Arc::new(self.checkpoint.chunk_rows(chunk)?)),
+        }
+    }
+
     /// Emits a stored chunk's `rows` as `read` events, but those at the
     /// places `skipped` (ascending); returns how many went out.
     async fn emit_chunk(
         &mut self,
         chunk: &Chunk,
-        rows: Vec<(u64, Vec<u8>)>,
+        rows: &ChunkBody,
         skipped: &[u32],
         commit_lsn: u64,
         commit_ts: i64,
@@ -135,21 +148,28 @@ impl Pipeline<'_> {
         }
         let mut sent = 0;
         let mut skipped = skipped.iter().peekable();
-        for (ord, (hash, data)) in rows.into_iter().enumerate() {
+        // One change, its data's buffer used again for every row.
+        let mut change = envelope::Change {
+            op: envelope::Op::Read,
+            table,
+            data: Some(Vec::new()),
+            old: None,
+            commit_lsn,
+            commit_ts,
+            index: 0,
+            rows: envelope::RowSet::default(),
+        };
+        for (ord, (hash, data)) in rows.iter().enumerate() {
             if skipped.next_if(|&&s| s as usize == ord).is_some() {
                 continue;
             }
             sent += 1;
-            self.push_change(&envelope::Change {
-                op: envelope::Op::Read,
-                table: table.clone(),
-                data: Some(data),
-                old: None,
-                commit_lsn,
-                commit_ts,
-                index: ord as u32,
-                rows: envelope::RowSet::one(hash),
-            })?;
+            let buffer = change.data.as_mut().expect("set above");
+            buffer.clear();
+            buffer.extend_from_slice(data);
+            change.index = ord as u32;
+            change.rows = envelope::RowSet::one(hash);
+            self.push_change(&change)?;
         }
         Ok(sent)
     }

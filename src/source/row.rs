@@ -74,19 +74,16 @@ impl TableShape {
         (TableShape(info), schema)
     }
 
-    /// The row as a JSON object, and its identity for per-row ordering (see
-    /// `Change::rows`), from text-format values in column order, e.g.
-    /// slices of a `COPY` row that need no copy. The object's buffer is
-    /// allocated at `size_hint` bytes (the last row's size, say), so it
-    /// need not grow.
-    pub(crate) fn render<'a>(
+    /// Appends the row as a JSON object to `out` and returns its identity
+    /// for per-row ordering (see `Change::rows`), from text-format values
+    /// in column order, e.g. slices of a `COPY` row that need no copy.
+    pub(crate) fn render_into<'a>(
         &self,
         values: impl Iterator<Item = Value<'a>> + Clone,
-        size_hint: usize,
-    ) -> (Vec<u8>, u64) {
-        let mut out = Vec::with_capacity(size_hint);
-        write_object(&self.0, values.clone(), false, &mut out);
-        (out, hash_values(&self.0, values))
+        out: &mut Vec<u8>,
+    ) -> u64 {
+        write_object(&self.0, values.clone(), false, out);
+        hash_values(&self.0, values)
     }
 }
 

@@ -13,6 +13,7 @@ use futures::StreamExt;
 use tokio_postgres::Client;
 
 use super::{ChunkRows, MAX_CHUNK_BYTES, TablePlan};
+use crate::checkpoint::ChunkBody;
 use crate::source::row::Value;
 use crate::sql::quote_literal;
 use crate::{Error, Result};
@@ -56,14 +57,11 @@ pub(crate) async fn read_chunk(
     let pg = |e| Error::postgres(format!("reading a backfill chunk of {table}"), e);
     let stream = client.copy_out(sql.as_str()).await.map_err(pg)?;
     futures::pin_mut!(stream);
-    let mut rows = Vec::new();
-    let mut bytes = 0usize;
+    let mut rows = ChunkBody::with_capacity(body_capacity(limit, plan.row_bytes()));
     let mut fields = Fields::default();
     // The message holding the last row read, and where the row is in it
     // (its key is where the next chunk starts).
     let mut last: Option<(Bytes, std::ops::Range<usize>)> = None;
-    // Rows are rendered at about the last one's size.
-    let mut size_hint = 64;
     // A row split over two messages (the server sends one row per message,
     // but the protocol does not promise it).
     let mut partial: Vec<u8> = Vec::new();
@@ -85,13 +83,10 @@ pub(crate) async fn read_chunk(
         while let Some(end) = memchr::memchr(b'\n', &data[start..]).map(|i| start + i) {
             let line = &data[start..end];
             fields.split(line).map_err(unreadable)?;
-            let (json, hash) = plan.shape.render(fields.values(line), size_hint);
-            size_hint = json.len() + 16;
-            bytes += json.len();
-            rows.push((hash, json));
+            rows.push_with(|out| plan.shape.render_into(fields.values(line), out));
             last_here = Some(start..end);
             start = end + 1;
-            if bytes >= MAX_CHUNK_BYTES {
+            if rows.data_bytes() >= MAX_CHUNK_BYTES {
                 // More rows may follow: the next chunk starts after this one.
                 full = true;
                 last = last_here.map(|at| (data, at));
@@ -126,11 +121,29 @@ pub(crate) async fn read_chunk(
         None => None,
     };
     let is_last = !full && (rows.len() as u64) < limit;
+    plan.note_rows(&rows);
     Ok(ChunkRows {
         rows,
         last_key,
         is_last,
     })
+}
+
+/// The room to start a chunk's rows with: `limit` rows of `row_bytes`
+/// (the last chunk's) with an eighth to spare, no more than the most a
+/// chunk holds; a quarter-megabyte before any chunk was read.
+fn body_capacity(limit: u64, row_bytes: usize) -> usize {
+    const MOST: usize = MAX_CHUNK_BYTES + MAX_CHUNK_BYTES / 8;
+    match row_bytes {
+        0 => 256 << 10,
+        row => {
+            (row + ChunkBody::ROW_HEAD)
+                .saturating_mul(usize::try_from(limit).unwrap_or(usize::MAX))
+                .saturating_mul(9)
+                / 8
+        }
+    }
+    .min(MOST)
 }
 
 /// A recorded key (a JSON array of text values) as SQL literals cast to

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::handoff::Handoff;
 use super::{
     Mark, Passed, Plans, Server, check_server, connect, emit, ensure_watermark_table, in_progress,
     plan, read_chunk, sessions_of, split, still_in_progress,
@@ -36,17 +37,34 @@ const RANGES_PER_READER: usize = 4;
 /// has handed over on `passed`.
 pub(crate) struct Driver {
     config: Arc<Config>,
-    passed: watch::Receiver<Passed>,
+    pipeline: ToPipeline,
     task: Option<JoinHandle<()>>,
+}
+
+/// What the readers share with the pipeline: the chunks it has passed, and
+/// where they hand it their chunks' rows.
+#[derive(Clone)]
+struct ToPipeline {
+    passed: watch::Receiver<Passed>,
+    handoff: Handoff,
 }
 
 impl Driver {
     pub(crate) fn new(config: &Config, passed: watch::Receiver<Passed>) -> Self {
         Driver {
             config: Arc::new(config.clone()),
-            passed,
+            pipeline: ToPipeline {
+                passed,
+                // Every lane's chunks that may wait for the pipeline at once.
+                handoff: Handoff::new(config.backfill.parallelism * LOOKAHEAD),
+            },
             task: None,
         }
+    }
+
+    /// Where the readers hand their chunks' rows to the pipeline.
+    pub(crate) fn handoff(&self) -> &Handoff {
+        &self.pipeline.handoff
     }
 
     /// Starts the task if a backfill is waiting and the task is not running.
@@ -57,7 +75,10 @@ impl Driver {
         if state.next_backfill()?.is_none() {
             return Ok(());
         }
-        self.task = Some(tokio::spawn(run(self.config.clone(), self.passed.clone())));
+        self.task = Some(tokio::spawn(run(
+            self.config.clone(),
+            self.pipeline.clone(),
+        )));
         Ok(())
     }
 }
@@ -71,10 +92,10 @@ impl Drop for Driver {
 }
 
 /// Works through the waiting backfills; retries connection problems.
-async fn run(config: Arc<Config>, passed: watch::Receiver<Passed>) {
+async fn run(config: Arc<Config>, pipeline: ToPipeline) {
     let mut wait = Backoff::new(RETRY_MIN, RETRY_MAX);
     loop {
-        match work(&config, &passed).await {
+        match work(&config, &pipeline).await {
             Ok(()) => return,
             Err(e) if e.disposition() == Disposition::Retry => {
                 tracing::warn!(error = %Report(&e), retry_in = ?wait.wait(), "backfill interrupted; retrying");
@@ -92,7 +113,7 @@ async fn run(config: Arc<Config>, passed: watch::Receiver<Passed>) {
     }
 }
 
-async fn work(config: &Arc<Config>, passed: &watch::Receiver<Passed>) -> Result<()> {
+async fn work(config: &Arc<Config>, pipeline: &ToPipeline) -> Result<()> {
     let mut state = Checkpoint::open(&config.state_file())?;
     let client = connect(&config.source).await?;
     let server = check_server(&client).await?;
@@ -116,7 +137,8 @@ async fn work(config: &Arc<Config>, passed: &watch::Receiver<Passed>) -> Result<
                 emit(client, server, &config.pipeline, lane, chunk, Mark::Abort).await?;
             }
             for &(chunk, lane) in &unfinished {
-                if passed
+                if pipeline
+                    .passed
                     .clone()
                     .wait_for(|p| p.get(lane) >= chunk)
                     .await
@@ -162,7 +184,7 @@ async fn work(config: &Arc<Config>, passed: &watch::Receiver<Passed>) -> Result<
         .await;
         let result = match started {
             Ok(Some(ranges)) => {
-                read_ranges(config, server, &table, &backfill, ranges, passed).await
+                read_ranges(config, server, &table, &backfill, ranges, pipeline).await
             }
             Ok(None) => return Ok(()),
             Err(e) => Err(e),
@@ -198,7 +220,7 @@ async fn read_ranges(
     table: &TableName,
     backfill: &Backfill,
     ranges: Vec<KeyRange>,
-    passed: &watch::Receiver<Passed>,
+    pipeline: &ToPipeline,
 ) -> Result<()> {
     let queue: VecDeque<KeyRange> = ranges.into_iter().filter(|r| !r.done).collect();
     let lanes = config.backfill.parallelism.min(queue.len()).max(1);
@@ -212,7 +234,7 @@ async fn read_ranges(
             backfill.id,
             lane as u32,
             queue.clone(),
-            passed.clone(),
+            pipeline.clone(),
         ));
     }
     while let Some(joined) = set.join_next().await {
@@ -240,7 +262,7 @@ async fn read_lane(
     id: i64,
     lane: u32,
     queue: Arc<Mutex<VecDeque<KeyRange>>>,
-    mut passed: watch::Receiver<Passed>,
+    mut pipeline: ToPipeline,
 ) -> Result<()> {
     let mut state = Checkpoint::open(&config.state_file())?;
     let client = connect(&config.source).await?;
@@ -252,7 +274,7 @@ async fn read_lane(
         id,
         lane,
         ahead: VecDeque::new(),
-        passed: &mut passed,
+        pipeline: &mut pipeline,
         plans: Plans::default(),
     };
     loop {
@@ -265,6 +287,7 @@ async fn read_lane(
     // Done once the pipeline has passed this lane's last chunks.
     while let Some(oldest) = lane.ahead.pop_front() {
         if lane
+            .pipeline
             .passed
             .wait_for(|p| p.get(lane.lane) >= oldest)
             .await
@@ -286,7 +309,7 @@ enum Chunk {
 
 /// Chunks read, stored and watermarked ahead of the pipeline, per lane:
 /// reading the next chunk overlaps with archiving the last one. Their rows
-/// wait in the local state, not in memory.
+/// wait in their files and, handed over, in memory (see [`Handoff`]).
 const LOOKAHEAD: usize = 2;
 
 /// A reader of key ranges, one chunk at a time.
@@ -298,7 +321,7 @@ struct Lane<'a> {
     lane: u32,
     /// Its chunks handed over and not yet passed by the pipeline.
     ahead: VecDeque<i64>,
-    passed: &'a mut watch::Receiver<Passed>,
+    pipeline: &'a mut ToPipeline,
     plans: Plans,
 }
 
@@ -323,6 +346,7 @@ impl Lane<'_> {
             while self.ahead.len() >= LOOKAHEAD {
                 let oldest = self.ahead.pop_front().expect("not empty");
                 if self
+                    .pipeline
                     .passed
                     .wait_for(|p| p.get(lane) >= oldest)
                     .await
@@ -373,7 +397,7 @@ impl Lane<'_> {
                 Ok::<_, Error>(Chunk::Read(rows))
             }
             .await;
-            let rows = match read {
+            let mut rows = match read {
                 Ok(Chunk::Read(rows)) => rows,
                 Ok(Chunk::Cancelled) => {
                     emit(client, server, &config.pipeline, lane, chunk, Mark::Abort).await?;
@@ -402,11 +426,15 @@ impl Lane<'_> {
                     return Err(e);
                 }
             };
+            let count = rows.rows.len();
+            self.pipeline
+                .handoff
+                .give(chunk, Arc::new(std::mem::take(&mut rows.rows)));
             emit(client, server, &config.pipeline, lane, chunk, Mark::High).await?;
             tracing::debug!(
                 chunk,
                 lane,
-                rows = rows.rows.len(),
+                rows = count,
                 waited = ?waited,
                 planned = ?planned,
                 read = ?read_took,

@@ -41,11 +41,13 @@
 //! The submodules: [`table`] plans a table's read (key, size, ranges),
 //! [`watermarks`] writes the watermarks, [`snapshot`] waits out the
 //! transactions in progress at a low watermark, [`copy`] reads a chunk,
-//! [`driver`] runs the readers, and [`window`] is the pipeline's view of
-//! the chunks between their watermarks.
+//! [`driver`] runs the readers, [`handoff`] passes their chunks' rows to
+//! the pipeline in memory, and [`window`] is the pipeline's view of the
+//! chunks between their watermarks.
 
 pub(crate) mod copy;
 pub(crate) mod driver;
+pub(crate) mod handoff;
 pub(crate) mod snapshot;
 pub(crate) mod table;
 pub(crate) mod watermarks;
@@ -59,6 +61,7 @@ pub(crate) use table::{Estimate, Plans, TablePlan, estimate, plan, split};
 use tokio_postgres::Client;
 pub(crate) use watermarks::{CANCEL_CHUNK, Mark, Passed, Watermark, emit, ensure_watermark_table};
 
+use crate::checkpoint::ChunkBody;
 use crate::config::{SourceConfig, TableName};
 use crate::error::ErrorKind;
 use crate::source::watermark::MESSAGES_VERSION;
@@ -116,7 +119,7 @@ pub(crate) async fn check_server(client: &Client) -> Result<Server> {
 /// Rows read for one chunk.
 pub(crate) struct ChunkRows {
     /// `(row identity hash, data JSON)` in key order.
-    pub rows: Vec<(u64, Vec<u8>)>,
+    pub rows: ChunkBody,
     /// The key of the last row (a JSON array of text values).
     pub last_key: Option<String>,
     /// Fewer rows than asked for came back: the table is done.

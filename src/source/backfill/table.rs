@@ -4,10 +4,12 @@
 //! readers ([`split`]).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio_postgres::Client;
 use tokio_postgres::types::Type;
 
+use crate::checkpoint::ChunkBody;
 use crate::config::TableName;
 use crate::error::ErrorKind;
 use crate::source::catalog::TypeCatalog;
@@ -32,6 +34,23 @@ pub(crate) struct TablePlan {
     /// The key's one column, by name, if its type has no collation: the
     /// key space can be split into ranges (see [`split`]).
     splittable: Option<String>,
+    /// The bytes of a rendered row in the last chunk read (0: none yet),
+    /// so the next chunk's buffer is sized once rather than grown.
+    row_bytes: AtomicUsize,
+}
+
+impl TablePlan {
+    /// The bytes of a rendered row in the last chunk read; 0 before one.
+    pub(crate) fn row_bytes(&self) -> usize {
+        self.row_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Notes the size of the rows of a chunk just read.
+    pub(crate) fn note_rows(&self, rows: &ChunkBody) {
+        if let Some(each) = rows.data_bytes().checked_div(rows.len()) {
+            self.row_bytes.store(each, Ordering::Relaxed);
+        }
+    }
 }
 
 struct Attr {
@@ -184,6 +203,7 @@ pub(crate) async fn plan(catalog: &mut TypeCatalog, table: &TableName) -> Result
         key,
         key_kind,
         splittable,
+        row_bytes: AtomicUsize::new(0),
     })
 }
 
