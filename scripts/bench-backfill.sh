@@ -6,8 +6,10 @@
 #      runs one itself), into each destination of DESTS (a local folder, and
 #      SeaweedFS on the same cores), at each backfill.parallelism of
 #      PARALLELISM, at backfill.batch_size BATCH read events per object;
-# prints rows/s for each, the ratio to COPY, waltail's peak RSS and, into
-# SeaweedFS, the CPU per object of waltail and of the store.
+# prints rows/s for each, the ratio to COPY, waltail's peak RSS, the CPU per
+# object of waltail, of the store (into SeaweedFS) and of Postgres, and the
+# bound those CPU times put on rows/s with every core of the machine busy
+# (cores / CPU per row of the three together) with the ratio to it.
 # With LAT_RATE set (tx/s), a last pass backfills into the folder while
 # `waltail run` streams one-row transactions into another table at that rate
 # (pgbench), and prints the commit-to-object latency of those changes.
@@ -73,6 +75,14 @@ copy_rate=$(rate "$ROWS" "$copy_secs")
 
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat"; }
 weed_pid=$(cat "$S3_ROOT/weed.pid")
+pm_pid=$(head -1 "$PG_ROOT/data/postmaster.pid")
+# Postgres's CPU seconds so far: the postmaster's, its ended children's
+# (reaped into its own) and its running children's (their backends).
+pg_cpu_s() {
+  local pids; pids="$pm_pid $(ps -o pid= --ppid "$pm_pid" | tr '\n' ' ')"
+  for p in $pids; do cat "/proc/$p/stat" 2>/dev/null || true; done \
+    | awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); t += $12 + $13 + $14 + $15 } END { printf "%.2f", t / hz }'
+}
 # Runs waltail (exec: call it in a subshell) with destination $1 (folder or
 # s3) as pipeline $2; the rest are its arguments.
 waltail_to() {
@@ -99,12 +109,13 @@ sample_peak() {
 # may cut a few short, so this is a floor and the CPU per object a ceiling).
 objects=$(( (ROWS + BATCH - 1) / BATCH ))
 # backfill DEST PARALLELISM: one `waltail backfill --yes` run; prints
-# "<seconds> <peak RSS MB> <waltail CPU s> <store CPU s> <objects>".
+# "<seconds> <peak RSS MB> <waltail CPU s> <store CPU s> <Postgres CPU s>".
 backfill() {
   local dest=$1 par=$2 name=bf-$1-$2-$RANDOM
   local log=$work/$name.log peak=$work/$name.peak
   psql -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active" >/dev/null
   local weed0; weed0=$(cpu_s "$weed_pid")
+  local pg0; pg0=$(pg_cpu_s)
   t0=$(now)
   # PARALLELISM=- leaves backfill.parallelism unset (a release without it).
   ( [ "$par" = - ] || export WALTAIL_BACKFILL_PARALLELISM="$par"
@@ -122,18 +133,23 @@ backfill() {
   grep -q "public.bench: done" "$log" || { cat "$log" >&2; exit 1; }
   local weed; weed=$(awk -v a="$weed0" -v b="$(cpu_s "$weed_pid")" 'BEGIN { print b - a }')
   [ "$dest" = s3 ] || weed=0
-  echo "$secs $(awk '{printf "%.1f", $1/1024}' "$peak") $cpu $weed"
+  local pg; pg=$(awk -v a="$pg0" -v b="$(pg_cpu_s)" 'BEGIN { print b - a }')
+  echo "$secs $(awk '{printf "%.1f", $1/1024}' "$peak") $cpu $weed $pg"
 }
 
 printf '\nbackfill of %s rows (%s on disk), chunks of %s rows, %s read events per object\n' "$ROWS" "$size" "$CHUNK" "$BATCH"
-printf '%-46s %10s %7s %10s %s\n' "" "rows/s" "ratio" "peak RSS" "CPU ms per object: waltail / store"
+cores=$(nproc)
+printf '%-46s %10s %7s %10s  %-30s %s\n' "" "rows/s" "ratio" "peak RSS" "CPU ms/object: waltail/store/pg" "bound on $cores cores (ratio)"
 printf '%-46s %10s %7s %10s\n' "COPY (SELECT * FROM bench) TO STDOUT" "$copy_rate" "1.00" "-"
 for dest in $DESTS; do
   for par in $PARALLELISM; do
-    read -r secs rss cpu weed < <(backfill "$dest" "$par")
+    read -r secs rss cpu weed pg < <(backfill "$dest" "$par")
     r=$(rate "$ROWS" "$secs")
-    per=$(awk -v w="$cpu" -v s="$weed" -v n="$objects" 'BEGIN { printf "%.2f / %s", w * 1000 / n, (s > 0 ? sprintf("%.2f", s * 1000 / n) : "-") }')
-    printf '%-46s %10s %7s %10s %s (%s objects)\n' "waltail backfill -> $dest, parallelism $par" "$r" "$(ratio "$r" "$copy_rate")" "$rss MB" "$per" "$objects"
+    per=$(awk -v w="$cpu" -v s="$weed" -v p="$pg" -v n="$objects" \
+      'BEGIN { printf "%.2f / %s / %.2f", w * 1000 / n, (s > 0 ? sprintf("%.2f", s * 1000 / n) : "-"), p * 1000 / n }')
+    bound=$(awk -v c="$cores" -v w="$cpu" -v s="$weed" -v p="$pg" -v n="$ROWS" 'BEGIN { printf "%.0f", c * n / (w + s + p) }')
+    printf '%-46s %10s %7s %10s  %-30s %s (%s)\n' "waltail backfill -> $dest, parallelism $par" "$r" "$(ratio "$r" "$copy_rate")" \
+      "$rss MB" "$per" "$bound" "$(ratio "$r" "$bound")"
   done
 done
 
