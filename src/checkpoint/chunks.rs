@@ -8,8 +8,10 @@
 //! checkpoint) page by page, read back page by page, and every reader's
 //! store held the database's single write lock meanwhile, so the
 //! pipeline's own commits (intents, the cursor) waited behind it. A file is
-//! one write and one `fsync`, one read, and one `unlink`, and the lock is
-//! held only for the chunk's row of metadata.
+//! one write and one `fsync`, and one `unlink`, and the lock is held only
+//! for the chunk's row of metadata. It is read back only after a restart,
+//! or for a chunk the hand-over no longer holds: the pipeline gets the rows
+//! in memory otherwise (`source::backfill::handoff`).
 //!
 //! A file is complete before the chunk is marked stored: written, synced,
 //! its folder synced, then the state's commit. A chunk the state does not
