@@ -34,6 +34,9 @@
 #          latency run, the big transaction kept in the server's memory)
 #        WALTAIL_DESTINATION_COMPRESSION=zstd scripts/bench-e2e.sh  (objects compressed;
 #          the summary's last column is what the folder's objects take)
+#        FOLDER_ON=/mnt/xfs scripts/bench-e2e.sh  (the folder drains and the folder's
+#          latency pass write under that folder: its file system sets much of
+#          the folder's CPU per object, so say which one a figure is on)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCALE=${SCALE:-1}
@@ -54,13 +57,15 @@ base=${TMPDIR:-/tmp}
 export PG_ROOT=$base/waltail-bench-e2e-pg PG_PORT=55480
 export S3_ROOT=$base/waltail-bench-e2e-s3 S3_PORT_BASE=18600
 work=$(mktemp -d)
+# Where the folder destinations go (a folder of the run's own, removed at the end).
+folders=$(mktemp -d "${FOLDER_ON:-$work}/waltail-bench-folders.XXXXXX")
 PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)}
 wt= bg=   # the running waltail and pg_recvlogical/pgbench, if any
 cleanup() {
   for p in $wt $bg; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   scripts/s3-stop.sh >/dev/null 2>&1 || true
   scripts/pg-stop.sh >/dev/null 2>&1 || true
-  rm -rf "$work"
+  rm -rf "$folders" "$work"
 }
 trap cleanup EXIT
 
@@ -166,7 +171,7 @@ backlog() {
       # waltail's slots are created by waltail itself, so that its state knows them.
       bin=${bins[$i]}
       WALTAIL_SOURCE_SLOT=wt_${name}_${i}_$r start_waltail "e2e_${name}_${i}_$r"; stop_waltail
-      WALTAIL_SOURCE_SLOT=wtf_${name}_${i}_$r FOLDER=$work/folder start_waltail "e2f_${name}_${i}_$r"; stop_waltail
+      WALTAIL_SOURCE_SLOT=wtf_${name}_${i}_$r FOLDER=$folders/folder start_waltail "e2f_${name}_${i}_$r"; stop_waltail
     done
   done
 
@@ -198,12 +203,12 @@ backlog() {
       [ "$got" = "$changes" ] || echo "   WARNING: waltail archived $got changes, expected $changes"
       local per_obj; per_obj=$(awk -v w="$wt_cpu" -v s="$weed_cpu" -v n="$objects" \
         'BEGIN { printf "%.2f / %.2f", w * 1000 / n, s * 1000 / n }')
-      FOLDER=$work/folder drain_waltail "wtf_${name}_${i}_$r" "e2f_${name}_${i}_$r" "$end"
+      FOLDER=$folders/folder drain_waltail "wtf_${name}_${i}_$r" "e2f_${name}_${i}_$r" "$end"
       local wf_t=$secs wf_pg=$pg_cpu wf_cpu; wf_cpu=$(awk -v w="$wt_cpu" -v n="$objects" 'BEGIN { printf "%.2f", w * 1000 / n }')
       # What the objects take on disk (their bytes, not the blocks they fill).
-      local stored; stored=$(find "$work/folder" -type f -name '*.ndjson*' -printf '%s\n' |
+      local stored; stored=$(find "$folders/folder" -type f -name '*.ndjson*' -printf '%s\n' |
         awk -v n="$changes" '{ b += $1 } END { printf "%.1f MB (%.0f B/change)", b / 1e6, b / n }')
-      rm -rf "$work/folder"
+      rm -rf "$folders/folder"
       local w f; w=$(rate "$changes" "$wt_t"); f=$(rate "$changes" "$wf_t")
       local who=$label; [ "${#bins[@]}" -gt 1 ] && who="$label [bin $((i + 1))]"
       [ "$ROUNDS" -gt 1 ] && who="$who r$r"
@@ -250,7 +255,7 @@ unset WALTAIL_SOURCE_PUBLICATION
 latency() {
   local dest=$1 run=$2 from; from=$(psql -c "SELECT coalesce(max(id), 0) FROM lat")
   if [ "$dest" = folder ]; then
-    FOLDER=$work/lat-$run WALTAIL_SOURCE_SLOT=wt_$run start_waltail "$run"
+    FOLDER=$folders/lat-$run WALTAIL_SOURCE_SLOT=wt_$run start_waltail "$run"
   else
     LOG_FORMAT=json WALTAIL_DESTINATION_PREFIX=$run WALTAIL_SOURCE_SLOT=wt_$run start_waltail "$run"
   fi
@@ -262,7 +267,7 @@ latency() {
   psql -c "SELECT pg_drop_replication_slot('wt_$run')" >/dev/null
   local rows tps; rows=$(psql -c "SELECT count(*) FROM lat WHERE id > $from")
   tps=$(awk '/^tps/ { printf "%.0f", $3 }' "$work/pgbench.out")
-  local objects=$work/lat-$run
+  local objects=$folders/lat-$run
   if [ "$dest" = s3 ]; then
     # The log's "archived" lines name each object and when its PUT returned.
     mkdir -p "$objects"
