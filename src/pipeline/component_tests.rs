@@ -202,6 +202,8 @@ struct Feed {
     events: mpsc::Sender<Vec<SourceEvent>>,
     confirmed: watch::Receiver<u64>,
     stop: watch::Sender<u32>,
+    /// Where the backfill's readers hand chunks' rows to the pipeline.
+    handoff: crate::source::backfill::handoff::Handoff,
 }
 
 impl Feed {
@@ -237,6 +239,7 @@ where
     let (confirm, confirmed) = watch::channel(cursor.confirmed_lsn);
     let (passed, passed_rx) = watch::channel(Passed::default());
     let mut driver = Driver::new(&rig.config, passed_rx);
+    let handoff = driver.handoff().clone();
     let mut pipeline = Pipeline::new(
         &rig.config,
         &mut state,
@@ -255,6 +258,7 @@ where
             events: tx,
             confirmed,
             stop,
+            handoff,
         })
         .await;
         feed.stop.send(1).unwrap();
@@ -387,26 +391,49 @@ fn watermark(chunk: i64, mark: Mark, end_lsn: u64) -> Vec<SourceEvent> {
 /// changes in the stream: the chunk's `read` events leave 12 out (the
 /// change is newer), go out in the high watermark's place, the chunk is
 /// recorded done, and the low watermark's transaction is confirmed only
-/// once those `read` events are written.
+/// once those `read` events are written. The rows are read from the
+/// chunk's file, as after a restart.
 #[tokio::test(start_paused = true)]
 async fn a_backfill_window_leaves_out_rows_changed_inside_it() {
+    backfill_window(false).await;
+}
+
+/// The same, with the rows handed over in memory as a running backfill
+/// does; the chunk's file is removed, so they can come from nowhere else.
+#[tokio::test(start_paused = true)]
+async fn a_backfill_chunk_handed_over_in_memory_is_emitted_without_its_file() {
+    backfill_window(true).await;
+}
+
+async fn backfill_window(handed_over: bool) {
     let rig = Rig::new(2, Some("t-3-4."), None);
+    let mut rows = crate::checkpoint::ChunkBody::default();
+    for r in [11, 12, 13] {
+        rows.push(r, format!("{{\"id\":{r}}}").as_bytes());
+    }
     let chunk = {
         let mut state = rig.state();
         let backfill = state.request_backfill("public", "t", 3, 3).unwrap();
         state.add_ranges(backfill, &[(None, None)], None).unwrap();
         let range = state.ranges(backfill).unwrap()[0].id;
         let chunk = state.new_chunk(backfill, range, 0).unwrap();
-        let mut rows = crate::checkpoint::ChunkBody::default();
-        for r in [11, 12, 13] {
-            rows.push(r, format!("{{\"id\":{r}}}").as_bytes());
-        }
         state
             .store_chunk(chunk, &rows, Some("13"), true, "\"columns\":[]")
             .unwrap();
+        if handed_over {
+            let file = rig
+                .config
+                .state_file()
+                .with_extension("chunks")
+                .join(format!("{chunk}.rows"));
+            std::fs::remove_file(file).unwrap();
+        }
         chunk
     };
     let cursor = run_with(&rig, |mut feed| async {
+        if handed_over {
+            feed.handoff.give(chunk, Arc::new(rows));
+        }
         feed.send(watermark(chunk, Mark::Low, 100)).await;
         feed.send(txn(&[12], 200)).await;
         feed.send(watermark(chunk, Mark::High, 300)).await;
