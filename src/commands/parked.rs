@@ -143,6 +143,7 @@ async fn deliver_here(config: &Config, cp: &mut Checkpoint) -> Result<ExitCode> 
         for p in parked.into_iter().filter(|p| ready.contains(&p.first_seq)) {
             match put_with_retry(&sink, &p.key, Bytes::from(p.body.clone()), &policy).await {
                 Ok(()) => {
+                    sink.settle()?;
                     cp.unpark(p.first_seq)?;
                     delivered += 1;
                     println!("delivered {} (seqs {}-{})", p.key, p.first_seq, p.last_seq);

@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -42,6 +43,8 @@ struct Scripted {
     gate: watch::Receiver<bool>,
     refused: Option<String>,
     refusing: AtomicBool,
+    /// The keys of the PUTs that returned, in order.
+    written: Mutex<Vec<String>>,
 }
 
 impl fmt::Display for Scripted {
@@ -71,7 +74,9 @@ impl ObjectStore for Scripted {
                 source: "the store is down for this key".into(),
             });
         }
-        self.inner.put_opts(location, payload, opts).await
+        let put = self.inner.put_opts(location, payload, opts).await?;
+        self.written.lock().unwrap().push(key.to_string());
+        Ok(put)
     }
 
     async fn put_multipart_opts(
@@ -127,6 +132,10 @@ struct Rig {
     config: Config,
     store: Arc<Scripted>,
     open_gate: watch::Sender<bool>,
+    /// The keys written by the time of each [`Sink::settle`], one list per call.
+    settled: Arc<Mutex<Vec<Vec<String>>>>,
+    /// Whether [`Sink::settle`] fails (a disk that cannot write).
+    settle_fails: Arc<AtomicBool>,
 }
 
 impl Rig {
@@ -154,12 +163,15 @@ impl Rig {
             gate,
             refused: refused.map(str::to_string),
             refusing: AtomicBool::new(refused.is_some()),
+            written: Mutex::new(Vec::new()),
         });
         Rig {
             _dir: dir,
             config,
             store,
             open_gate,
+            settled: Arc::default(),
+            settle_fails: Arc::default(),
         }
     }
 
@@ -167,8 +179,22 @@ impl Rig {
         Checkpoint::open(&self.config.state_file()).unwrap()
     }
 
+    /// A sink over the store whose settling is seen: each call records the
+    /// keys written by then, or fails while `settle_fails` is set.
     fn sink(&self) -> Sink {
-        Sink::from_store(self.store.clone(), None)
+        let (store, settled, fails) = (
+            self.store.clone(),
+            self.settled.clone(),
+            self.settle_fails.clone(),
+        );
+        Sink::from_store(self.store.clone(), None).settling_with(move || {
+            if fails.load(Ordering::SeqCst) {
+                return Err(std::io::Error::other("the disk refuses to write"));
+            }
+            let written = store.written.lock().unwrap().clone();
+            settled.lock().unwrap().push(written);
+            Ok(())
+        })
     }
 
     fn heal(&self) {
@@ -230,6 +256,15 @@ where
     F: FnOnce(Feed) -> Fut,
     Fut: std::future::Future<Output = Feed>,
 {
+    run_to_end(rig, script).await.unwrap()
+}
+
+/// [`run_with`], returning the pipeline's error if it stopped on one.
+async fn run_to_end<F, Fut>(rig: &Rig, script: F) -> crate::Result<Cursor>
+where
+    F: FnOnce(Feed) -> Fut,
+    Fut: std::future::Future<Output = Feed>,
+{
     let mut state = rig.state();
     let cursor = state.cursor().unwrap().unwrap_or(Cursor {
         confirmed_lsn: 0,
@@ -261,13 +296,13 @@ where
             handoff,
         })
         .await;
-        feed.stop.send(1).unwrap();
+        // The pipeline may have stopped already, on an error.
+        let _ = feed.stop.send(1);
         // Kept until the pipeline ends, so it sees a stop, not a closed source.
         feed
     };
     let (ended, _feed) = tokio::join!(pipeline.run(rx, stop_rx), feed);
-    ended.unwrap();
-    pipeline.cursor
+    ended.map(|_| pipeline.cursor)
 }
 
 fn change(row: u64) -> SourceEvent {
@@ -327,6 +362,57 @@ async fn confirmation_waits_for_every_earlier_object() {
     );
     assert_eq!(rig.state().cursor().unwrap(), Some(cursor));
     assert_eq!(rig.keys().await, vec![key(1, 2), key(3, 4)]);
+}
+
+/// Written objects are made durable (the folder's sync) before the state
+/// records them or the slot is confirmed past them: every state commit
+/// that confirmed something follows a settle that saw the objects.
+#[tokio::test(start_paused = true)]
+async fn objects_are_settled_before_the_state_records_them() {
+    let rig = Rig::new(2, None, None);
+    let cursor = run_with(&rig, |mut feed| async {
+        feed.send(txn(&[1, 2], 100)).await;
+        feed.confirmed_at_least(100).await;
+        let first = rig.settled.lock().unwrap().clone();
+        assert_eq!(first, vec![vec![key(1, 2)]], "one settle, after the PUT");
+        // Idle: confirmation ticks pass with nothing new to settle.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(rig.settled.lock().unwrap().len(), 1);
+        feed.send(txn(&[3, 4], 200)).await;
+        feed.confirmed_at_least(200).await;
+        feed
+    })
+    .await;
+    assert_eq!(cursor.confirmed_lsn, 200);
+    assert_eq!(
+        rig.settled.lock().unwrap().last().unwrap(),
+        &vec![key(1, 2), key(3, 4)]
+    );
+}
+
+/// When the written objects cannot be made durable (a folder whose disk
+/// fails its sync), the pipeline stops with an error that says so, and
+/// nothing is recorded or confirmed: the next start writes them again.
+#[tokio::test(start_paused = true)]
+async fn objects_that_cannot_be_settled_are_neither_recorded_nor_confirmed() {
+    let rig = Rig::new(2, None, None);
+    rig.settle_fails.store(true, Ordering::SeqCst);
+    let ended = run_to_end(&rig, |feed| async {
+        feed.send(txn(&[1, 2], 100)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(*feed.confirmed.borrow(), 0, "confirmed what is not durable");
+        feed
+    })
+    .await;
+    let error = crate::error::Report(&ended.unwrap_err()).to_string();
+    assert!(error.contains("to disk (syncfs)"), "{error}");
+    assert!(error.contains("the disk refuses to write"), "{error}");
+    assert_eq!(rig.keys().await, vec![key(1, 2)], "the PUT itself was made");
+    let state = rig.state();
+    assert_eq!(state.cursor().unwrap(), None);
+    let intents = state.open_intents(1).unwrap();
+    assert_eq!(intents.len(), 1);
+    assert!(!intents[0].done, "recorded as written though not durable");
 }
 
 /// A batch that fails its attempts is parked; the next batch on one of its

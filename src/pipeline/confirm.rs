@@ -2,7 +2,8 @@
 //! which seqs are durable (uploads finish in any order; a parked or held
 //! batch is durable in the state), so `L` goes to a transaction's commit
 //! end only when every seq up to its last change is durable, and `(L, S)`
-//! is persisted before `L` is sent to the server.
+//! is persisted before `L` is sent to the server, and the objects behind
+//! them are durable before either is persisted ([`crate::sink::Sink::settle`]).
 
 use std::collections::BTreeMap;
 
@@ -126,11 +127,13 @@ impl Pipeline<'_> {
             }
         }
         if batch.from_parked {
+            self.sink.settle()?;
             self.checkpoint.unpark(batch.first_seq)?;
             self.parking.settled(batch.first_seq);
             tracing::info!(key = %batch.key, "delivered a parked or held batch");
             self.release()?;
         } else {
+            self.unsettled = true;
             self.done.push(batch.first_seq);
             self.frontier.mark(batch.first_seq, batch.last_seq);
             self.advance();
@@ -192,6 +195,12 @@ impl Pipeline<'_> {
         }
         if !self.dirty && self.done.is_empty() {
             return Ok(());
+        }
+        // The done marks and the cursor stand for objects written: those
+        // must be durable first (a folder's files are not until synced).
+        if self.unsettled {
+            self.sink.settle()?;
+            self.unsettled = false;
         }
         let cursor = self.dirty.then_some(self.cursor);
         self.checkpoint.commit(&self.done, cursor)?;

@@ -135,6 +135,11 @@ struct Pipeline<'a> {
     parking: ParkingLot,
     /// The state's data version when last checked for replay requests.
     data_version: i64,
+    /// The destination, for [`Sink::settle`] before each state commit (the
+    /// uploads go through `delivery`, which holds its own handle).
+    sink: Sink,
+    /// Objects were written since the last [`Sink::settle`].
+    unsettled: bool,
     delivery: Delivery,
     batcher: Batcher,
     /// The seq the next change gets.
@@ -231,6 +236,8 @@ impl<'a> Pipeline<'a> {
             compression: config.compression,
             parking: ParkingLot::default(),
             data_version,
+            sink: sink.clone(),
+            unsettled: false,
             delivery,
             batcher,
             next_seq: cursor.next_seq,

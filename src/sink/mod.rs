@@ -5,6 +5,11 @@
 //! limited to s3:PutObject on the prefix are enough. A PUT to an existing key
 //! replaces it; since a batch's key and bytes are deterministic, a retried or
 //! re-sent batch leaves exactly the same object.
+//!
+//! A PUT to S3 that returned is durable. A file written into a local folder
+//! is not, until the kernel writes it out: [`Sink::settle`] makes every
+//! object written so far durable, and the pipeline calls it before it
+//! records batches as written or confirms past them.
 
 pub(crate) mod credentials;
 #[cfg(feature = "lakehouse")]
@@ -44,7 +49,22 @@ pub(crate) struct Sink {
     /// Local files carry no content type (object_store's LocalFileSystem
     /// refuses attributes); S3 objects do.
     typed: bool,
+    /// What makes written objects durable (see [`Sink::settle`]).
+    settle: Settle,
     describe: String,
+}
+
+/// How a destination makes the objects written so far durable.
+#[derive(Clone)]
+enum Settle {
+    /// S3: a PUT that returned is durable.
+    Nothing,
+    /// A local folder: the file system the folder is on is synced (the
+    /// folder itself, opened once, names it).
+    Folder(Arc<std::fs::File>),
+    /// The pipeline's tests: a stand-in that counts or fails.
+    #[cfg(test)]
+    Hook(Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>),
 }
 
 impl std::fmt::Debug for Sink {
@@ -54,6 +74,7 @@ impl std::fmt::Debug for Sink {
             .field("multipart", &self.multipart.is_some())
             .field("prefix", &self.prefix)
             .field("typed", &self.typed)
+            .field("settles", &!matches!(self.settle, Settle::Nothing))
             .field("describe", &self.describe)
             .finish()
     }
@@ -91,11 +112,18 @@ impl Sink {
                 })?;
                 let store = LocalFileSystem::new_with_prefix(path)
                     .map_err(|e| Error::store("open", path.display().to_string(), e))?;
+                let folder = std::fs::File::open(path).map_err(|e| {
+                    Error::io(
+                        format!("cannot open the archive folder {}", path.display()),
+                        e,
+                    )
+                })?;
                 Ok(Sink {
                     store: Arc::new(store),
                     multipart: None,
                     prefix: prefix.clone(),
                     typed: false,
+                    settle: Settle::Folder(Arc::new(folder)),
                     describe,
                 })
             }
@@ -106,6 +134,7 @@ impl Sink {
                     multipart: Some(store),
                     prefix: s3.prefix.clone(),
                     typed: true,
+                    settle: Settle::Nothing,
                     describe,
                 })
             }
@@ -121,8 +150,20 @@ impl Sink {
             multipart: None,
             prefix,
             typed: true,
+            settle: Settle::Nothing,
             describe: "object store".into(),
         }
+    }
+
+    /// This sink with `settle` standing in for the folder's sync, so a
+    /// test can see when it is called or make it fail.
+    #[cfg(test)]
+    pub(crate) fn settling_with(
+        mut self,
+        settle: impl Fn() -> std::io::Result<()> + Send + Sync + 'static,
+    ) -> Sink {
+        self.settle = Settle::Hook(Arc::new(settle));
+        self
     }
 
     pub(crate) fn prefix(&self) -> Option<&str> {
@@ -175,6 +216,36 @@ impl Sink {
             .map_err(|source| Error::store("PUT", key, source))
     }
 
+    /// Makes every object written so far durable: nothing for S3, whose
+    /// PUT returns once the object is stored; for a local folder, a sync
+    /// of the file system it is on (`syncfs`), which writes out the
+    /// objects' data and their renames. Without it a confirmed change
+    /// could be lost with the machine (power, kernel), though not with
+    /// the process. One sync covers every object written before it, so
+    /// the pipeline calls it once per state commit (at most every 100 ms
+    /// while objects are written), not once per object.
+    ///
+    /// Blocking: the caller's next step is a state commit, which blocks
+    /// on its own `fsync` too.
+    pub(crate) fn settle(&self) -> Result<()> {
+        let synced = match &self.settle {
+            Settle::Nothing => return Ok(()),
+            Settle::Folder(folder) => sync_file_system(folder),
+            #[cfg(test)]
+            Settle::Hook(hook) => hook(),
+        };
+        synced.map_err(|e| {
+            Error::io(
+                format!(
+                    "cannot write the archive folder {} to disk (syncfs); nothing written since \
+                     the last sync is confirmed, and it is written again on the next start",
+                    self.describe
+                ),
+                e,
+            )
+        })
+    }
+
     /// The connection check: writes `[prefix/].waltail-check`, proving that
     /// the store is reachable and accepts our writes.
     pub(crate) async fn check(&self, pipeline: &str) -> Result<String> {
@@ -188,6 +259,26 @@ impl Sink {
             .await?;
         Ok(key)
     }
+}
+
+/// Syncs the file system `folder` is on.
+#[cfg(target_os = "linux")]
+fn sync_file_system(folder: &std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: syncfs only reads the descriptor, which `folder` keeps open.
+    if unsafe { libc::syncfs(folder.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Where `syncfs` is missing: `sync`, every file system.
+#[cfg(not(target_os = "linux"))]
+fn sync_file_system(_folder: &std::fs::File) -> std::io::Result<()> {
+    // SAFETY: sync takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    Ok(())
 }
 
 fn s3_store(
@@ -233,4 +324,35 @@ fn s3_store(
         .with_retry(retry);
     b.build()
         .map_err(|source| Error::store("configure", format!("s3://{}", s3.bucket), source))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A folder's objects are synced through the folder's file system; an
+    /// S3 sink has nothing to sync.
+    #[tokio::test]
+    async fn a_folder_sink_syncs_its_file_system() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = DestinationConfig::File {
+            path: dir.path().join("archive"),
+            prefix: None,
+        };
+        let sink = Sink::new(&dest, Duration::from_secs(5)).unwrap();
+        assert!(matches!(sink.settle, Settle::Folder(_)));
+        sink.put(
+            "2000/01/01/t-1-1.ndjson",
+            Bytes::from("{}\n"),
+            NDJSON_CONTENT_TYPE,
+        )
+        .await
+        .unwrap();
+        sink.settle().unwrap();
+        let written = dir.path().join("archive/2000/01/01/t-1-1.ndjson");
+        assert_eq!(std::fs::read(written).unwrap(), b"{}\n");
+        let s3 = Sink::from_store(Arc::new(object_store::memory::InMemory::new()), None);
+        assert!(matches!(s3.settle, Settle::Nothing));
+        s3.settle().unwrap();
+    }
 }
