@@ -415,6 +415,34 @@ async fn objects_that_cannot_be_settled_are_neither_recorded_nor_confirmed() {
     assert!(!intents[0].done, "recorded as written though not durable");
 }
 
+/// A table's schema record is written once and then recorded in the state
+/// (never written again): it too is recorded only once durable.
+#[tokio::test(start_paused = true)]
+async fn a_schema_record_that_cannot_be_settled_is_not_recorded() {
+    let rig = Rig::new(2, None, None);
+    rig.settle_fails.store(true, Ordering::SeqCst);
+    let record = crate::source::row::TableSchema {
+        table: Arc::new(TableRef::from_name("public.t".into())),
+        members: "\"columns\":[]".into(),
+    };
+    let ended = run_to_end(&rig, |feed| async {
+        feed.send(vec![SourceEvent::Schema(record)]).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        feed
+    })
+    .await;
+    assert!(ended.is_err());
+    assert_eq!(rig.keys().await.len(), 1, "the record's PUT was made");
+    let fingerprint = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, b"\"columns\":[]");
+    assert_eq!(
+        rig.state()
+            .schema_version("public.t", &fingerprint.to_string())
+            .unwrap(),
+        None,
+        "recorded though not durable"
+    );
+}
+
 /// A batch that fails its attempts is parked; the next batch on one of its
 /// rows is held behind it, one on other rows is written; parked and held
 /// count as durable, so the slot is confirmed past all three. A replay

@@ -495,6 +495,8 @@ impl Pipeline<'_> {
         self.delivery
             .put_now(&key, bytes::Bytes::from(body), "application/json")
             .await?;
+        // Recorded, the schema is never written again: it must be durable.
+        self.sink.settle()?;
         self.checkpoint
             .record_schema(table, version, &fingerprint)?;
         tracing::info!(%key, "recorded a table schema");
