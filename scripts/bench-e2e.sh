@@ -208,7 +208,10 @@ backlog() {
       # What the objects take on disk (their bytes, not the blocks they fill).
       local stored; stored=$(find "$folders/folder" -type f -name '*.ndjson*' -printf '%s\n' |
         awk -v n="$changes" '{ b += $1 } END { printf "%.1f MB (%.0f B/change)", b / 1e6, b / n }')
-      rm -rf "$folders/folder"
+      # Kept, not removed, until the run ends: an archive only grows, and
+      # on ext4 the files of the next drain would be created among the
+      # inodes just freed, which it skips one by one (`recently_deleted`).
+      mv "$folders/folder" "$folders/drained-${name}_${i}_$r"
       local w f; w=$(rate "$changes" "$wt_t"); f=$(rate "$changes" "$wf_t")
       local who=$label; [ "${#bins[@]}" -gt 1 ] && who="$label [bin $((i + 1))]"
       [ "$ROUNDS" -gt 1 ] && who="$who r$r"
