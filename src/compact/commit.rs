@@ -80,7 +80,25 @@ pub(super) const FIRST_WAIT: Duration = Duration::from_millis(200);
 /// token in the commits since `previous`: there, the commit landed.
 /// Otherwise a broken connection tries it again, against `previous`, so a
 /// commit another run made meanwhile is still caught as a conflict.
+///
+/// In a local folder the files the commit names are made durable before
+/// it, and the commit itself before this returns ([`Location::settle`]),
+/// so a machine crash never leaves a log naming files that were not
+/// written out, nor a latest view's commit without its history's.
 pub async fn commit(
+    loc: &Location,
+    dir: &str,
+    previous: Option<&Published>,
+    commit: Commit<'_>,
+) -> Result<u64> {
+    loc.settle()?;
+    let version = commit_tried(loc, dir, previous, commit).await?;
+    loc.settle()?;
+    Ok(version)
+}
+
+/// [`commit`] without the settling: the tries and the read-back.
+async fn commit_tried(
     loc: &Location,
     dir: &str,
     previous: Option<&Published>,
@@ -484,6 +502,66 @@ mod tests {
     use super::*;
     use crate::lakehouse::delta::tests::{folder, shape};
     use crate::lakehouse::delta::{app_id, load};
+
+    /// In a folder, a commit makes the files it names durable before it
+    /// is written and itself durable before it returns; a sync that fails
+    /// before it means no commit at all.
+    #[tokio::test]
+    async fn a_commit_is_settled_before_and_after_and_not_made_if_that_fails() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir
+            .path()
+            .join("latest/public/t/_delta_log/00000000000000000000.json");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let fails = Arc::new(AtomicBool::new(true));
+        let sink = {
+            let (log, seen, fails) = (log.clone(), seen.clone(), fails.clone());
+            let store = Arc::new(object_store::memory::InMemory::new());
+            crate::sink::Sink::from_store(store, None).settling_with(move || {
+                if fails.load(Ordering::SeqCst) {
+                    return Err(std::io::Error::other("the disk refuses to write"));
+                }
+                seen.lock().unwrap().push(log.exists());
+                Ok(())
+            })
+        };
+        let loc = folder(dir.path()).settling(&sink);
+        let s = shape();
+        let id = app_id("p", "public.t");
+        std::fs::create_dir_all(dir.path().join("latest/public/t")).unwrap();
+        let one = || Commit {
+            shape: &s,
+            role: Role::Latest,
+            app_id: &id,
+            seq: 41,
+            adds: vec![DataFile {
+                path: "a.parquet".into(),
+                size: 10,
+                rows: 3,
+                date: None,
+            }],
+            removes: vec![],
+            buckets: 1,
+            info: vec![],
+            txns: vec![],
+        };
+        let failed = commit(&loc, "public/t", None, one()).await.unwrap_err();
+        assert!(
+            crate::error::Report(&failed)
+                .to_string()
+                .contains("the disk refuses to write")
+        );
+        assert!(!log.exists(), "committed files that are not durable");
+        fails.store(false, Ordering::SeqCst);
+        assert_eq!(commit(&loc, "public/t", None, one()).await.unwrap(), 0);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [false, true],
+            "one settle before the commit, one after"
+        );
+    }
 
     #[tokio::test]
     async fn a_commit_is_read_back_with_its_txn_columns_buckets_and_files() {

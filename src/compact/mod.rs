@@ -89,7 +89,7 @@ pub async fn compact(config: &Config, opts: &Options) -> Result<Summary> {
 async fn run(config: &Config, opts: &Options, sink: &Sink, started: Instant) -> Result<Summary> {
     let store = Arc::clone(sink.store());
     let prefix = sink.prefix();
-    let loc = Location::new(&config.destination, &store)?;
+    let loc = Location::new(&config.destination, &store)?.settling(sink);
     let schemas = listing::load_schemas(store.as_ref(), prefix).await?;
     if opts.dry_run && upgrade::pending(store.as_ref(), prefix).await? {
         return Err(Error::fatal(

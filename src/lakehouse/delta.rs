@@ -29,6 +29,7 @@ use url::Url;
 use super::layout::partition_date;
 use super::typing::{Column, Kind, TableShape};
 use crate::config::DestinationConfig;
+use crate::sink::Sink;
 use crate::{Error, Result};
 
 /// Commits between two checkpoints of a log (Delta's own default).
@@ -67,6 +68,10 @@ pub struct Location {
     root: Arc<dyn ObjectStore>,
     /// The archive root (bucket and prefix, or folder), ending in `/`.
     base: Url,
+    /// The writer's sink, whose [`Sink::settle`] makes files written into
+    /// a local folder durable (see [`Location::settling`]); none for
+    /// readers.
+    sink: Option<Sink>,
 }
 
 impl std::fmt::Debug for Location {
@@ -101,6 +106,7 @@ impl Location {
                 Ok(Location {
                     root: Arc::new(object_store::local::LocalFileSystem::new()),
                     base,
+                    sink: None,
                 })
             }
             DestinationConfig::S3(s3) => {
@@ -113,9 +119,27 @@ impl Location {
                 Ok(Location {
                     root: Arc::new(crate::sink::reread::Reread::new(Arc::clone(store))),
                     base,
+                    sink: None,
                 })
             }
         }
+    }
+
+    /// This location for a writer: its commits first make the files they
+    /// name durable, and return once the commit itself is (`sink`'s
+    /// [`Sink::settle`]: a local folder's file system synced; nothing on
+    /// S3). Without it a machine crash could keep a commit whose Parquet
+    /// files were never written out, or a latest view's commit without
+    /// the history commit before it.
+    pub(crate) fn settling(mut self, sink: &Sink) -> Location {
+        self.sink = Some(sink.clone());
+        self
+    }
+
+    /// Makes what was written through this location durable (nothing for a
+    /// reader's location; see [`Location::settling`]).
+    pub(crate) fn settle(&self) -> Result<()> {
+        self.sink.as_ref().map_or(Ok(()), Sink::settle)
     }
 
     /// The archive root's URL (bucket and prefix, or folder).

@@ -8,8 +8,9 @@
 //!
 //! A PUT to S3 that returned is durable. A file written into a local folder
 //! is not, until the kernel writes it out: [`Sink::settle`] makes every
-//! object written so far durable, and the pipeline calls it before it
-//! records batches as written or confirms past them.
+//! object written so far durable. The pipeline calls it before it records
+//! batches as written or confirms past them, and compaction around each
+//! Delta commit.
 
 pub(crate) mod credentials;
 #[cfg(feature = "lakehouse")]
@@ -237,8 +238,8 @@ impl Sink {
         synced.map_err(|e| {
             Error::io(
                 format!(
-                    "cannot write the archive folder {} to disk (syncfs); nothing written since \
-                     the last sync is confirmed, and it is written again on the next start",
+                    "cannot write the archive folder {} to disk (syncfs); what was written \
+                     since the last sync is not recorded, and the next run writes it again",
                     self.describe
                 ),
                 e,
