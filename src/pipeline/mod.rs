@@ -127,7 +127,6 @@ impl Stats {
 struct Pipeline<'a> {
     checkpoint: &'a mut Checkpoint,
     pipeline: String,
-    prefix: Option<String>,
     /// `destination.compression`, for batches that have no codec yet.
     compression: Codec,
     /// Which rows new batches must not pass, and which parked-table
@@ -135,8 +134,9 @@ struct Pipeline<'a> {
     parking: ParkingLot,
     /// The state's data version when last checked for replay requests.
     data_version: i64,
-    /// The destination, for [`Sink::settle`] before each state commit (the
-    /// uploads go through `delivery`, which holds its own handle).
+    /// The destination: its prefix for keys, and [`Sink::settle`] before
+    /// each state commit (the uploads go through `delivery`, which holds
+    /// its own handle).
     sink: Sink,
     /// Objects were written since the last [`Sink::settle`].
     unsettled: bool,
@@ -232,7 +232,6 @@ impl<'a> Pipeline<'a> {
         let mut pipeline = Pipeline {
             checkpoint,
             pipeline: config.pipeline.clone(),
-            prefix: sink.prefix().map(str::to_string),
             compression: config.compression,
             parking: ParkingLot::default(),
             data_version,
@@ -491,7 +490,7 @@ impl Pipeline<'_> {
         }
         let version = self.checkpoint.next_schema_version(table)?;
         let body = archive::schema::body(&record.table, version, &record.members);
-        let key = key::schema_key(self.prefix.as_deref(), table, version);
+        let key = key::schema_key(self.sink.prefix(), table, version);
         self.delivery
             .put_now(&key, bytes::Bytes::from(body), "application/json")
             .await?;
@@ -508,7 +507,7 @@ impl Pipeline<'_> {
     fn enqueue(&mut self, mut batch: Batch) -> Result<()> {
         let codec = *batch.codec.get_or_insert(self.compression);
         batch.key = key::batch_key(
-            self.prefix.as_deref(),
+            self.sink.prefix(),
             &self.pipeline,
             batch.commit_ts,
             batch.first_seq,
