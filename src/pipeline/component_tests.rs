@@ -481,6 +481,16 @@ async fn a_batch_on_a_parked_row_waits_behind_it_while_others_flow() {
     assert_eq!(rig.keys().await, vec![key(1, 2), key(3, 4), key(5, 6)]);
     assert!(rig.state().parked().unwrap().is_empty());
     assert!(rig.body(&key(3, 4)).await.contains("\"seq\":3"));
+    // Each replayed batch was made durable before it left the lot: a
+    // settle saw the parked one before the held one was written.
+    let settled = rig.settled.lock().unwrap();
+    assert!(
+        settled
+            .iter()
+            .any(|w| w.contains(&key(1, 2)) && !w.contains(&key(3, 4))),
+        "{settled:?}"
+    );
+    assert!(settled.last().unwrap().contains(&key(3, 4)), "{settled:?}");
 }
 
 fn watermark(chunk: i64, mark: Mark, end_lsn: u64) -> Vec<SourceEvent> {

@@ -133,7 +133,6 @@ impl Pipeline<'_> {
             tracing::info!(key = %batch.key, "delivered a parked or held batch");
             self.release()?;
         } else {
-            self.unsettled = true;
             self.done.push(batch.first_seq);
             self.frontier.mark(batch.first_seq, batch.last_seq);
             self.advance();
@@ -196,11 +195,12 @@ impl Pipeline<'_> {
         if !self.dirty && self.done.is_empty() {
             return Ok(());
         }
-        // The done marks and the cursor stand for objects written: those
-        // must be durable first (a folder's files are not until synced).
-        if self.unsettled {
+        // The done marks stand for objects written since the last commit:
+        // those must be durable first (a folder's files are not until
+        // synced). A cursor moved alone stands only for objects an earlier
+        // commit made durable.
+        if !self.done.is_empty() {
             self.sink.settle()?;
-            self.unsettled = false;
         }
         let cursor = self.dirty.then_some(self.cursor);
         self.checkpoint.commit(&self.done, cursor)?;

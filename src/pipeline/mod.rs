@@ -138,8 +138,6 @@ struct Pipeline<'a> {
     /// each state commit (the uploads go through `delivery`, which holds
     /// its own handle).
     sink: Sink,
-    /// Objects were written since the last [`Sink::settle`].
-    unsettled: bool,
     delivery: Delivery,
     batcher: Batcher,
     /// The seq the next change gets.
@@ -236,7 +234,6 @@ impl<'a> Pipeline<'a> {
             parking: ParkingLot::default(),
             data_version,
             sink: sink.clone(),
-            unsettled: false,
             delivery,
             batcher,
             next_seq: cursor.next_seq,

@@ -341,7 +341,22 @@ mod tests {
             prefix: None,
         };
         let sink = Sink::new(&dest, Duration::from_secs(5)).unwrap();
-        assert!(matches!(sink.settle, Settle::Folder(_)));
+        // The handle it syncs through is the archive folder itself, so the
+        // sync reaches the file system the objects are on.
+        let Settle::Folder(held) = &sink.settle else {
+            panic!("a folder sink that does not sync");
+        };
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let (held, folder) = (
+                held.metadata().unwrap(),
+                std::fs::metadata(dir.path().join("archive")).unwrap(),
+            );
+            assert_eq!((held.dev(), held.ino()), (folder.dev(), folder.ino()));
+        }
+        #[cfg(not(unix))]
+        let _ = held;
         sink.put(
             "2000/01/01/t-1-1.ndjson",
             Bytes::from("{}\n"),
