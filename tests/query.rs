@@ -170,6 +170,22 @@ async fn assert_query_equals_source(w: &Waltail, db: &TestDb, t: &Table, when: &
     );
 }
 
+/// The types `public.orders` and its history give their text columns
+/// (with `extra`, e.g. `--at`): string views whether the rows come from
+/// the compacted files, the NDJSON tail or a rebuild from the history.
+fn assert_text_read_as_views(w: &Waltail, extra: &[&str], when: &str) {
+    for sql in [
+        "SELECT arrow_typeof(status), arrow_typeof(items) FROM public.orders LIMIT 1",
+        "SELECT arrow_typeof(status), arrow_typeof(_op), arrow_typeof(_key) FROM history.public.orders LIMIT 1",
+    ] {
+        let rows = query_json(w, extra, sql);
+        assert_eq!(rows.len(), 1, "{when}: {sql}");
+        for t in &rows[0] {
+            assert_eq!(t, "Utf8View", "{when}: {sql}");
+        }
+    }
+}
+
 fn compact(w: &Waltail) -> String {
     let (status, stdout, stderr) = w.output(&["compact"]);
     assert!(
@@ -291,12 +307,14 @@ async fn the_latest_view_equals_the_source_before_and_after_compaction_and_with_
         scalar(&w, &[], "SELECT max(seq) FROM waltail.changes"),
         seq1
     );
+    assert_text_read_as_views(&w, &[], "before any compaction");
 
     // Stage 2: compacted; the same answers, and DuckDB over the Delta tables agrees.
     compact(&w);
     for t in [&ORDERS, &CUSTOMERS, &DOCS] {
         assert_query_equals_source(&w, &db, t, "after compaction").await;
     }
+    assert_text_read_as_views(&w, &[], "after compaction");
     let dir = tempfile::tempdir().unwrap();
     download(&prefix, dir.path()).await;
     for t in [&ORDERS, &CUSTOMERS, &DOCS] {
@@ -373,6 +391,7 @@ async fn the_latest_view_equals_the_source_before_and_after_compaction_and_with_
     for t in [&ORDERS, &CUSTOMERS, &DOCS] {
         assert_query_equals_source(&w, &db, t, "with an uncompacted tail").await;
     }
+    assert_text_read_as_views(&w, &[], "with an uncompacted tail");
     let orders_changes = changes3
         .iter()
         .filter(|c| c["table"] == "public.orders")
@@ -421,6 +440,7 @@ async fn the_latest_view_equals_the_source_before_and_after_compaction_and_with_
         snapshot1,
         "--at before the compacted view: rebuilt from the history"
     );
+    assert_text_read_as_views(&w, &["--at", &seq1s], "rebuilt from the history");
     assert_eq!(latest_by_query(&w, &["--at", &seq1s], &DOCS), docs1);
     assert_eq!(latest_by_query(&w, &["--at", &at_time], &ORDERS), snapshot1);
     assert!(

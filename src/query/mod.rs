@@ -8,7 +8,8 @@
 //!     --> providers (the tables: latest = compacted latest + merge of the
 //!         NDJSON tail; history = Parquet history + tail; waltail.changes)
 //!         using tail (NDJSON objects -> typed batches, pruned by key name)
-//!         and merge (the tail's keys over the compacted view)
+//!         and merge (the tail's keys over the compacted view),
+//!         text read as string views (views)
 //!     --> DataFusion (plan, optimize, execute) --> output (table, CSV, JSON)
 //! ```
 //!
@@ -29,6 +30,7 @@ pub(crate) mod merge;
 pub(crate) mod output;
 pub(crate) mod providers;
 pub(crate) mod tail;
+mod views;
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;

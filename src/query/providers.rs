@@ -18,8 +18,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{Array, BooleanArray, RecordBatch, StringArray};
-use arrow::datatypes::DataType;
+use arrow::array::{Array, BooleanArray, RecordBatch, StringViewArray};
+use arrow::datatypes::{DataType, Schema};
 use async_trait::async_trait;
 use datafusion::catalog::{
     CatalogProvider, MemoryCatalogProvider, MemorySchemaProvider, SchemaProvider,
@@ -42,7 +42,8 @@ use futures::{StreamExt, TryStreamExt};
 use super::at::AtView;
 use super::catalog::Archive;
 use super::merge::{Overlay, overlay_schema};
-use super::tail::{Bounds, TailKind, TailTable, typed_changes};
+use super::tail::{Bounds, TailKind, TailTable, history_table_schema, typed_changes};
+use super::views::{data_schema, with_views};
 use crate::archive::listing;
 use crate::lakehouse::compacted::{UNREADABLE_FIX, history_first_seq, history_seqs};
 use crate::lakehouse::layout::history_schema;
@@ -175,12 +176,26 @@ fn internal_session(archive: &Archive) -> SessionContext {
     crate::lakehouse::session::session(Arc::clone(&archive.store))
 }
 
-/// A Parquet table over explicit files or a folder, read as `schema`.
+/// `plan`'s columns as `schema` has them, by name, cast where the types
+/// differ: the NDJSON tail and the merged overlay are built as `Utf8`, and
+/// a union's inputs must agree with the compacted files' views.
+fn cast_to(plan: LogicalPlanBuilder, schema: &Schema) -> DfResult<LogicalPlanBuilder> {
+    let columns: Vec<Expr> = schema
+        .fields()
+        .iter()
+        .map(|f| datafusion::prelude::cast(ident(f.name()), f.data_type().clone()).alias(f.name()))
+        .collect();
+    plan.project(columns)
+}
+
+/// A Parquet table over explicit files or a folder, read as `schema` (its
+/// text as views: see [`with_views`]).
 fn parquet_table(
     urls: Vec<String>,
-    schema: arrow::datatypes::SchemaRef,
+    schema: &Schema,
     partition_by_date: bool,
 ) -> DfResult<Arc<ListingTable>> {
+    let schema = with_views(schema);
     let mut options =
         ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
     if partition_by_date {
@@ -227,7 +242,7 @@ fn compacted_history(
     for ((date, past_next), urls) in groups {
         let mut scan = LogicalPlanBuilder::scan(
             "compacted",
-            provider_as_source(parquet_table(urls, Arc::clone(&schema), false)?),
+            provider_as_source(parquet_table(urls, &schema, false)?),
             None,
         )?;
         if past_next {
@@ -261,6 +276,7 @@ fn history_table(
     );
     let build = || -> DfResult<Arc<dyn TableProvider>> {
         let tail = LogicalPlanBuilder::scan("tail", provider_as_source(Arc::new(tail)), None)?;
+        let tail = cast_to(tail, &with_views(&history_table_schema(shape)))?;
         // The files of the history's snapshot hold the seqs below `next`
         // (see `compacted::Compacted::entry`); the NDJSON the rest.
         let mut plan = match compacted_history(archive.history_files(&shape.table), shape, next)? {
@@ -280,16 +296,16 @@ fn key_filter(name: &str, keys: HashSet<Box<str>>, negated: bool) -> ScalarUDF {
     let keys = Arc::new(keys);
     create_udf(
         name,
-        vec![DataType::Utf8],
+        vec![DataType::Utf8View],
         DataType::Boolean,
         Volatility::Immutable,
         Arc::new(move |args: &[ColumnarValue]| {
             let arrays = ColumnarValue::values_to_arrays(args)?;
-            let text = arrow::compute::cast(&arrays[0], &DataType::Utf8)?;
+            let text = arrow::compute::cast(&arrays[0], &DataType::Utf8View)?;
             let text = text
                 .as_any()
-                .downcast_ref::<StringArray>()
-                .expect("cast to Utf8");
+                .downcast_ref::<StringViewArray>()
+                .expect("cast to Utf8View");
             let out: BooleanArray = text
                 .iter()
                 .map(|k| Some(k.is_some_and(|k| keys.contains(k)) != negated))
@@ -341,7 +357,7 @@ async fn latest_table(
         Some(
             parquet_table(
                 files.iter().map(|f| table_url(f)).collect(),
-                latest_schema(shape),
+                &latest_schema(shape),
                 false,
             )
             .map_err(df)?,
@@ -369,30 +385,23 @@ async fn latest_table(
                         vec![overlay.batches(BATCH_ROWS)],
                     )?;
                     let tail =
-                        LogicalPlanBuilder::scan("tail", provider_as_source(Arc::new(mem)), None)?
-                            .project(data.clone())?
-                            .build()?;
-                    plan = plan.union(tail)?;
+                        LogicalPlanBuilder::scan("tail", provider_as_source(Arc::new(mem)), None)?;
+                    plan = plan.union(cast_to(tail, &data_schema(shape))?.build()?)?;
                 }
                 Ok(Arc::new(ViewTable::new(plan.build()?, None)))
             };
             build().map_err(df)
         }
-        _ => memory_table(shape, &overlay, &data),
+        _ => memory_table(shape, &overlay),
     }
 }
 
 /// The overlay's rows as a table of the data columns.
-fn memory_table(
-    shape: &TableShape,
-    overlay: &Overlay,
-    data: &[Expr],
-) -> Result<Arc<dyn TableProvider>> {
+fn memory_table(shape: &TableShape, overlay: &Overlay) -> Result<Arc<dyn TableProvider>> {
     let build = || -> DfResult<Arc<dyn TableProvider>> {
         let mem = MemTable::try_new(overlay_schema(shape), vec![overlay.batches(BATCH_ROWS)])?;
-        let plan = LogicalPlanBuilder::scan("tail", provider_as_source(Arc::new(mem)), None)?
-            .project(data.to_vec())?
-            .build()?;
+        let plan = LogicalPlanBuilder::scan("tail", provider_as_source(Arc::new(mem)), None)?;
+        let plan = cast_to(plan, &data_schema(shape))?.build()?;
         Ok(Arc::new(ViewTable::new(plan, None)))
     };
     build().map_err(df)

@@ -32,7 +32,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow::array::{Array, RecordBatch, RecordBatchOptions, new_null_array};
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::datasource::memory::MemorySourceConfig;
@@ -46,6 +46,7 @@ use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
 use self::files::{change_columns, chosen_rows};
 use self::versions::{NULL_ROW, RowId, Versions, split};
+use super::views::data_schema;
 use crate::lakehouse::typing::TableShape;
 use crate::{Error, Result};
 
@@ -95,13 +96,7 @@ impl AtView {
         at: u64,
         expected_keys: usize,
     ) -> AtView {
-        let schema = Arc::new(Schema::new(
-            shape
-                .columns
-                .iter()
-                .map(|c| arrow::datatypes::Field::new(&c.name, c.kind.data_type(), true))
-                .collect::<Vec<_>>(),
-        ));
+        let schema = data_schema(&shape);
         AtView {
             store,
             shape,
@@ -353,6 +348,7 @@ impl TableProvider for AtView {
 #[cfg(test)]
 mod tests {
     use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::DataType;
     use object_store::memory::InMemory;
     use object_store::path::Path;
     use object_store::{ObjectStoreExt, PutPayload};
@@ -442,7 +438,9 @@ mod tests {
                         .value(i)
                 });
                 let doc = doc.and_then(|c| {
-                    let a = b.column(c).as_any().downcast_ref::<StringArray>().unwrap();
+                    // Views from the view, plain strings from the overlay.
+                    let a = arrow::compute::cast(b.column(c), &DataType::Utf8).unwrap();
+                    let a = a.as_any().downcast_ref::<StringArray>().unwrap();
                     (!a.is_null(i)).then(|| a.value(i).to_string())
                 });
                 rows.push((id, doc));
