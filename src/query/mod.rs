@@ -31,6 +31,7 @@ pub(crate) mod output;
 pub(crate) mod providers;
 pub(crate) mod tail;
 mod views;
+mod window;
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -41,6 +42,7 @@ use std::time::{Duration, Instant};
 
 use datafusion::error::DataFusionError;
 use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::DFParserBuilder;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
@@ -363,7 +365,15 @@ pub(crate) fn session(archive: Arc<Archive>) -> std::result::Result<SessionConte
     let optimizer = &mut config.options_mut().optimizer;
     optimizer.enable_topk_dynamic_filter_pushdown = false;
     optimizer.enable_join_dynamic_filter_pushdown = false;
-    let ctx = SessionContext::new_with_config(config);
+    // lag, lead and row_number over a key's versions by batches (see
+    // [`window`]).
+    let state = window::install(
+        SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features(),
+    )
+    .build();
+    let ctx = SessionContext::new_with_state(state);
     let url = ObjectStoreUrl::parse(ARCHIVE_URL).expect("a valid URL");
     ctx.register_object_store(url.as_ref(), Arc::clone(&archive.store));
     providers::register(&ctx, archive).map_err(|e| sql_error("", e))?;
