@@ -53,6 +53,7 @@ use datafusion::physical_expr::{
     PhysicalSortRequirement,
 };
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
     InputDistributionRequirements, PlanProperties, RecordBatchStream,
@@ -390,6 +391,8 @@ pub(crate) struct KeyWindowExec {
     /// Each function, with its value for `lag`/`lead`.
     functions: Vec<(Shift, Option<Arc<dyn PhysicalExpr>>)>,
     properties: Arc<PlanProperties>,
+    /// Time and rows, for `EXPLAIN ANALYZE`.
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl KeyWindowExec {
@@ -418,6 +421,7 @@ impl KeyWindowExec {
             order_by,
             functions,
             properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
         }
     }
 }
@@ -521,6 +525,7 @@ impl ExecutionPlan for KeyWindowExec {
                 order_by: self.order_by.clone(),
                 functions: self.functions.clone(),
                 properties: Arc::clone(&self.properties),
+                metrics: ExecutionPlanMetricsSet::new(),
             },
             ChildrenPropertiesMode::Recompute => KeyWindowExec::new(
                 input,
@@ -540,6 +545,10 @@ impl ExecutionPlan for KeyWindowExec {
             children,
             ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
         )
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
     }
 
     fn execute(
@@ -579,6 +588,7 @@ impl ExecutionPlan for KeyWindowExec {
             history: 0,
             first_number: 0,
             done: false,
+            baseline: BaselineMetrics::new(&self.metrics, partition),
         }))
     }
 }
@@ -600,6 +610,7 @@ struct KeyWindowStream {
     /// The row number of the buffer's first row (0 if it has none yet).
     first_number: u64,
     done: bool,
+    baseline: BaselineMetrics,
 }
 
 impl KeyWindowStream {
@@ -754,8 +765,15 @@ impl Stream for KeyWindowStream {
                     None
                 }
             };
-            match self.step(next) {
-                Ok(Some(out)) => return Poll::Ready(Some(Ok(out))),
+            let elapsed = self.baseline.elapsed_compute().clone();
+            let timer = elapsed.timer();
+            let stepped = self.step(next);
+            timer.done();
+            match stepped {
+                Ok(Some(out)) => {
+                    self.baseline.record_output(out.num_rows());
+                    return Poll::Ready(Some(Ok(out)));
+                }
                 Ok(None) => continue,
                 Err(e) => return Poll::Ready(Some(Err(e))),
             }
