@@ -1,0 +1,448 @@
+//! The operator of [`super`]: `lag`, `lead` and `row_number` over rows
+//! sorted by their partition keys, a batch at a time, with the rows a
+//! shift reaches carried across batch boundaries.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
+};
+use arrow::compute::{cast, concat_batches, take};
+use arrow::datatypes::SchemaRef;
+use datafusion::common::ScalarValue;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{
+    EquivalenceProperties, LexRequirement, OrderingRequirements, PhysicalExpr, PhysicalSortExpr,
+    PhysicalSortRequirement,
+};
+use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
+    InputDistributionRequirements, PlanProperties, RecordBatchStream,
+};
+use futures::{Stream, StreamExt};
+
+/// One function of the window, as the operator computes it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Shift {
+    /// `lag` (negative) or `lead` (positive) by the offset, `default`
+    /// where the row it names is outside the partition.
+    Row {
+        offset: i64,
+        default: ScalarValue,
+    },
+    RowNumber,
+}
+
+/// Computes `lag`, `lead` and `row_number` over input sorted by the
+/// partition keys (then the order), partitioned on them.
+#[derive(Debug)]
+pub(super) struct KeyWindowExec {
+    input: Arc<dyn ExecutionPlan>,
+    schema: SchemaRef,
+    partition_by: Vec<Arc<dyn PhysicalExpr>>,
+    order_by: Vec<PhysicalSortExpr>,
+    /// Each function, with its value for `lag`/`lead`.
+    functions: Vec<(Shift, Option<Arc<dyn PhysicalExpr>>)>,
+    properties: Arc<PlanProperties>,
+    /// Time and rows, for `EXPLAIN ANALYZE`.
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl KeyWindowExec {
+    pub(super) fn new(
+        input: Arc<dyn ExecutionPlan>,
+        schema: SchemaRef,
+        partition_by: Vec<Arc<dyn PhysicalExpr>>,
+        order_by: Vec<PhysicalSortExpr>,
+        functions: Vec<(Shift, Option<Arc<dyn PhysicalExpr>>)>,
+    ) -> KeyWindowExec {
+        // Rows leave in the order they came: the input's orderings hold.
+        let orderings: Vec<Vec<PhysicalSortExpr>> = input
+            .output_ordering()
+            .map(|o| vec![o.iter().cloned().collect()])
+            .unwrap_or_default();
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new_with_orderings(Arc::clone(&schema), orderings),
+            input.output_partitioning().clone(),
+            input.pipeline_behavior(),
+            input.boundedness(),
+        );
+        KeyWindowExec {
+            input,
+            schema,
+            partition_by,
+            order_by,
+            functions,
+            properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+}
+
+impl DisplayAs for KeyWindowExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let names: Vec<&str> = self.schema.fields()
+            [self.schema.fields().len() - self.functions.len()..]
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        write!(f, "KeyWindowExec: [{}]", names.join(", "))
+    }
+}
+
+impl ExecutionPlan for KeyWindowExec {
+    fn name(&self) -> &'static str {
+        "KeyWindowExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        self.input_distribution_requirements().into_per_child()
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        InputDistributionRequirements::new(vec![if self.partition_by.is_empty() {
+            Distribution::SinglePartition
+        } else {
+            Distribution::KeyPartitioned(self.partition_by.clone())
+        }])
+    }
+
+    fn required_input_ordering(&self) -> Vec<Option<OrderingRequirements>> {
+        // The keys in either direction (equal keys together), then the order.
+        let mut reqs: Vec<PhysicalSortRequirement> = self
+            .partition_by
+            .iter()
+            .map(|e| PhysicalSortRequirement::new(Arc::clone(e), None))
+            .collect();
+        for s in &self.order_by {
+            if !reqs.iter().any(|r| r.expr.eq(&s.expr)) {
+                reqs.push(PhysicalSortRequirement::new(
+                    Arc::clone(&s.expr),
+                    Some(s.options),
+                ));
+            }
+        }
+        vec![
+            LexRequirement::new(reqs)
+                .and_then(|r| OrderingRequirements::new_alternatives([r], false)),
+        ]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        let mut recursion = TreeNodeRecursion::Continue;
+        for e in self
+            .partition_by
+            .iter()
+            .chain(self.order_by.iter().map(|s| &s.expr))
+            .chain(self.functions.iter().filter_map(|(_, v)| v.as_ref()))
+        {
+            recursion = f(e)?;
+            if recursion == TreeNodeRecursion::Stop {
+                break;
+            }
+        }
+        Ok(recursion)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        options: ReplaceChildrenOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return Err(DataFusionError::Internal(
+                "KeyWindowExec takes one input".into(),
+            ));
+        }
+        let input = children.swap_remove(0);
+        Ok(Arc::new(match options.children_properties {
+            ChildrenPropertiesMode::Keep => KeyWindowExec {
+                input,
+                schema: Arc::clone(&self.schema),
+                partition_by: self.partition_by.clone(),
+                order_by: self.order_by.clone(),
+                functions: self.functions.clone(),
+                properties: Arc::clone(&self.properties),
+                metrics: ExecutionPlanMetricsSet::new(),
+            },
+            ChildrenPropertiesMode::Recompute => KeyWindowExec::new(
+                input,
+                Arc::clone(&self.schema),
+                self.partition_by.clone(),
+                self.order_by.clone(),
+                self.functions.clone(),
+            ),
+        }))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let lookahead = self
+            .functions
+            .iter()
+            .map(|(s, _)| match s {
+                Shift::Row { offset, .. } => (*offset).max(0) as usize,
+                Shift::RowNumber => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        let lookback = self
+            .functions
+            .iter()
+            .map(|(s, _)| match s {
+                Shift::Row { offset, .. } => (-*offset).max(0) as usize,
+                // The row before tells whether a partition goes on.
+                Shift::RowNumber => 1,
+            })
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        Ok(Box::pin(KeyWindowStream {
+            input,
+            schema: Arc::clone(&self.schema),
+            partition_by: self.partition_by.clone(),
+            functions: self.functions.clone(),
+            lookahead,
+            lookback,
+            buffer: None,
+            history: 0,
+            first_number: 0,
+            done: false,
+            baseline: BaselineMetrics::new(&self.metrics, partition),
+        }))
+    }
+}
+
+/// One output partition's computation: the rows not yet emitted, behind
+/// the last `lookback` rows emitted.
+struct KeyWindowStream {
+    input: SendableRecordBatchStream,
+    schema: SchemaRef,
+    partition_by: Vec<Arc<dyn PhysicalExpr>>,
+    functions: Vec<(Shift, Option<Arc<dyn PhysicalExpr>>)>,
+    /// The most rows a `lead` looks ahead: rows held until they come.
+    lookahead: usize,
+    /// The most rows a `lag` (or `row_number`) looks back: rows kept.
+    lookback: usize,
+    /// The input rows kept: `history` emitted ones, then those not yet.
+    buffer: Option<RecordBatch>,
+    history: usize,
+    /// The row number of the buffer's first row (0 if it has none yet).
+    first_number: u64,
+    done: bool,
+    baseline: BaselineMetrics,
+}
+
+impl KeyWindowStream {
+    /// Takes `batch` in; emits every row whose lookahead is in (all at the
+    /// end, `last`).
+    fn step(&mut self, batch: Option<RecordBatch>) -> DfResult<Option<RecordBatch>> {
+        let last = batch.is_none();
+        let buffer = match (self.buffer.take(), batch) {
+            (Some(b), Some(n)) => concat_batches(&n.schema(), [&b, &n])?,
+            (None, Some(n)) => n,
+            (Some(b), None) => b,
+            (None, None) => return Ok(None),
+        };
+        let n = buffer.num_rows();
+        let end = if last {
+            n
+        } else {
+            n.saturating_sub(self.lookahead)
+        };
+        if end <= self.history {
+            self.buffer = Some(buffer);
+            return Ok(None);
+        }
+        let part = partition_ids(&buffer, &self.partition_by)?;
+        let numbers = row_numbers(&part, self.first_number);
+        let rows = self.history..end;
+        let mut columns: Vec<ArrayRef> = buffer
+            .columns()
+            .iter()
+            .map(|c| c.slice(rows.start, rows.len()))
+            .collect();
+        let out_fields = &self.schema.fields()[buffer.num_columns()..];
+        for ((shift, value), field) in self.functions.iter().zip(out_fields) {
+            let column: ArrayRef = match shift {
+                Shift::RowNumber => Arc::new(UInt64Array::from(numbers[rows.clone()].to_vec())),
+                Shift::Row { offset, default } => {
+                    let value = value
+                        .as_ref()
+                        .expect("lag and lead have a value")
+                        .evaluate(&buffer)?
+                        .into_array(n)?;
+                    shifted(&value, &part, rows.clone(), *offset, default)?
+                }
+            };
+            columns.push(if column.data_type() == field.data_type() {
+                column
+            } else {
+                cast(&column, field.data_type())?
+            });
+        }
+        let out = RecordBatch::try_new_with_options(
+            Arc::clone(&self.schema),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(rows.len())),
+        )?;
+        // Keep the last `lookback` rows emitted and those not emitted.
+        let keep_from = end.saturating_sub(self.lookback);
+        self.first_number = numbers[keep_from];
+        self.history = end - keep_from;
+        self.buffer = Some(buffer.slice(keep_from, n - keep_from));
+        Ok(Some(out))
+    }
+}
+
+/// Each row's partition, numbered from 0 in the batch: a new number where
+/// any key differs from the row before (nulls equal).
+fn partition_ids(batch: &RecordBatch, keys: &[Arc<dyn PhysicalExpr>]) -> DfResult<Vec<u32>> {
+    let n = batch.num_rows();
+    let mut ids = vec![0u32; n];
+    if n < 2 || keys.is_empty() {
+        return Ok(ids);
+    }
+    let mut changed: Option<BooleanArray> = None;
+    for key in keys {
+        let values = key.evaluate(batch)?.into_array(n)?;
+        let here = arrow::compute::kernels::cmp::distinct(
+            &values.slice(1, n - 1),
+            &values.slice(0, n - 1),
+        )?;
+        changed = Some(match changed {
+            None => here,
+            Some(c) => arrow::compute::or(&c, &here)?,
+        });
+    }
+    let changed = changed.expect("at least one key");
+    for i in 1..n {
+        ids[i] = ids[i - 1] + u32::from(changed.value(i - 1));
+    }
+    Ok(ids)
+}
+
+/// The row number of each row given its partition ids and the first
+/// row's number (0: it starts a partition, so 1).
+fn row_numbers(part: &[u32], first: u64) -> Vec<u64> {
+    let mut out = Vec::with_capacity(part.len());
+    for (i, p) in part.iter().enumerate() {
+        out.push(match i {
+            0 => first.max(1),
+            _ if part[i - 1] == *p => out[i - 1] + 1,
+            _ => 1,
+        });
+    }
+    out
+}
+
+/// `value` at `offset` rows from each row in `rows`, where that row is in
+/// the same partition; `default` elsewhere.
+fn shifted(
+    value: &ArrayRef,
+    part: &[u32],
+    rows: std::ops::Range<usize>,
+    offset: i64,
+    default: &ScalarValue,
+) -> DfResult<ArrayRef> {
+    let n = part.len() as i64;
+    let indices: UInt32Array = rows
+        .clone()
+        .map(|i| {
+            let j = i as i64 + offset;
+            (0..n)
+                .contains(&j)
+                .then_some(j as usize)
+                .and_then(|j| (part[j] == part[i]).then_some(j as u32))
+        })
+        .collect();
+    let taken = take(value.as_ref(), &indices, None)?;
+    if default.is_null() {
+        return Ok(taken);
+    }
+    // Where the row is outside the partition: the default.
+    let outside = arrow::compute::is_null(&indices)?;
+    let default = default.to_scalar()?;
+    Ok(arrow::compute::kernels::zip::zip(
+        &outside, &default, &taken,
+    )?)
+}
+
+impl Stream for KeyWindowStream {
+    type Item = DfResult<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if self.done {
+                return Poll::Ready(None);
+            }
+            let next = match self.input.poll_next_unpin(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Some(Ok(batch))) => Some(batch),
+                Poll::Ready(None) => {
+                    self.done = true;
+                    None
+                }
+            };
+            let elapsed = self.baseline.elapsed_compute().clone();
+            let timer = elapsed.timer();
+            let stepped = self.step(next);
+            timer.done();
+            match stepped {
+                Ok(Some(out)) => {
+                    self.baseline.record_output(out.num_rows());
+                    return Poll::Ready(Some(Ok(out)));
+                }
+                Ok(None) => continue,
+                Err(e) => return Poll::Ready(Some(Err(e))),
+            }
+        }
+    }
+}
+
+impl RecordBatchStream for KeyWindowStream {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+}
