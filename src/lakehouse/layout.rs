@@ -87,11 +87,7 @@ pub fn latest_schema(shape: &TableShape) -> SchemaRef {
 /// The table's data columns (each nullable: a deleted row's or an unchanged
 /// TOAST value's cell is null), then `metadata`.
 fn with_data_columns<const N: usize>(shape: &TableShape, metadata: [Field; N]) -> SchemaRef {
-    let mut fields: Vec<Field> = shape
-        .columns
-        .iter()
-        .map(|c| Field::new(&c.name, c.kind.data_type(), true))
-        .collect();
+    let mut fields: Vec<Field> = shape.data_fields().collect();
     fields.extend(metadata);
     Arc::new(Schema::new(fields))
 }

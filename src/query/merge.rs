@@ -201,11 +201,7 @@ impl Overlay {
 
 /// The data columns and `_key`.
 pub(crate) fn overlay_schema(shape: &TableShape) -> SchemaRef {
-    let mut fields: Vec<Field> = shape
-        .columns
-        .iter()
-        .map(|c| Field::new(&c.name, c.kind.data_type(), true))
-        .collect();
+    let mut fields: Vec<Field> = shape.data_fields().collect();
     fields.push(Field::new("_key", arrow::datatypes::DataType::Utf8, false));
     Arc::new(Schema::new(fields))
 }

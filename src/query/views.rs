@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
 
 use crate::lakehouse::typing::TableShape;
 
@@ -29,16 +29,9 @@ pub(crate) fn with_views(schema: &Schema) -> SchemaRef {
     ))
 }
 
-/// A table's data columns as a query reads them (each nullable: a deleted
-/// row's or a column added later is null).
+/// A table's data columns as a query reads them.
 pub(crate) fn data_schema(shape: &TableShape) -> SchemaRef {
-    with_views(&Schema::new(
-        shape
-            .columns
-            .iter()
-            .map(|c| Field::new(&c.name, c.kind.data_type(), true))
-            .collect::<Vec<_>>(),
-    ))
+    with_views(&Schema::new(shape.data_fields().collect::<Vec<_>>()))
 }
 
 #[cfg(test)]

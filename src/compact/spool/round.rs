@@ -107,12 +107,7 @@ pub fn spool_schema(shape: &TableShape) -> SchemaRef {
         // for a move-out, present when the values must be carried.
         Field::new("_absent", DataType::Binary, true),
     ];
-    fields.extend(
-        shape
-            .columns
-            .iter()
-            .map(|c| Field::new(&c.name, c.kind.data_type(), true)),
-    );
+    fields.extend(shape.data_fields());
     Arc::new(Schema::new(fields))
 }
 

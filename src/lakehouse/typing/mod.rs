@@ -19,7 +19,7 @@
 pub mod array;
 pub mod parse;
 
-use arrow::datatypes::{DataType, TimeUnit};
+use arrow::datatypes::{DataType, Field, TimeUnit};
 use serde::{Deserialize, Serialize};
 
 use crate::archive::schema::SchemaRecord;
@@ -224,6 +224,16 @@ impl TableShape {
             ],
             key: vec![0],
         }
+    }
+
+    /// The table's columns as Arrow fields, each nullable (a deleted row's,
+    /// an unchanged TOAST value's or a later-added column's cell is null):
+    /// the data columns of the history, the latest view, the compaction
+    /// spool and the query's tables.
+    pub fn data_fields(&self) -> impl Iterator<Item = Field> + '_ {
+        self.columns
+            .iter()
+            .map(|c| Field::new(&c.name, c.kind.data_type(), true))
     }
 
     /// Folds a table's schema records (any order) into one shape.

@@ -295,7 +295,13 @@ impl KeyWindowStream {
             return Ok(None);
         }
         let part = partition_ids(&buffer, &self.partition_by)?;
-        let numbers = row_numbers(&part, self.first_number);
+        // Numbered only for a `row_number`: `lag` and `lead` need the
+        // partitions alone.
+        let numbers = self
+            .functions
+            .iter()
+            .any(|(s, _)| *s == Shift::RowNumber)
+            .then(|| row_numbers(&part, self.first_number));
         let rows = self.history..end;
         let mut columns: Vec<ArrayRef> = buffer
             .columns()
@@ -305,7 +311,10 @@ impl KeyWindowStream {
         let out_fields = &self.schema.fields()[buffer.num_columns()..];
         for ((shift, value), field) in self.functions.iter().zip(out_fields) {
             let column: ArrayRef = match shift {
-                Shift::RowNumber => Arc::new(UInt64Array::from(numbers[rows.clone()].to_vec())),
+                Shift::RowNumber => {
+                    let numbers = numbers.as_ref().expect("numbered for a row_number");
+                    Arc::new(UInt64Array::from(numbers[rows.clone()].to_vec()))
+                }
                 Shift::Row { offset, default } => {
                     let value = value
                         .as_ref()
@@ -328,7 +337,9 @@ impl KeyWindowStream {
         )?;
         // Keep the last `lookback` rows emitted and those not emitted.
         let keep_from = end.saturating_sub(self.lookback);
-        self.first_number = numbers[keep_from];
+        if let Some(numbers) = &numbers {
+            self.first_number = numbers[keep_from];
+        }
         self.history = end - keep_from;
         self.buffer = Some(buffer.slice(keep_from, n - keep_from));
         Ok(Some(out))
