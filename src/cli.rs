@@ -115,6 +115,12 @@ pub enum Command {
         /// turns it on and off)
         #[arg(long)]
         timing: bool,
+        /// Memory for the columns of the latest views that a statement reads
+        /// again: they are then decoded once and kept, so repeating a
+        /// statement at the prompt or in a script skips the Parquet decoding
+        /// (0: none kept)
+        #[arg(long, value_name = "MiB", default_value_t = 1024)]
+        keep_decoded: usize,
     },
     /// Not in this build (built without the `lakehouse` feature)
     #[cfg(not(feature = "lakehouse"))]
@@ -370,6 +376,7 @@ pub fn main() -> ExitCode {
                 format,
                 at,
                 timing,
+                keep_decoded,
             } => {
                 let opts = crate::query::Options {
                     sql,
@@ -377,6 +384,7 @@ pub fn main() -> ExitCode {
                     format,
                     at,
                     timing,
+                    keep_decoded_mib: keep_decoded,
                 };
                 commands::query::query(&config, &opts).await
             }

@@ -998,11 +998,13 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
     // one after keeps its tables again.
     let out = Command::new(bin())
         .arg("compact")
-        .envs(env)
+        .envs(env.clone())
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    for (i, kept) in [(4, false), (5, true)] {
+    // The sixth reads `n` from memory: the fifth, a statement read again,
+    // decoded it whole and kept it (`--keep-decoded`).
+    for (i, kept) in [(4, false), (5, true), (6, true)] {
         say("SELECT count(*) AS rows, sum(n) AS total FROM public.t;");
         let text = wait_for("Time: ", i);
         assert_eq!(
@@ -1014,23 +1016,87 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
     }
     // Settings made at the prompt stay for the statements after them.
     say("SET datafusion.execution.batch_size = 1234;");
-    wait_for("Time: ", 6);
+    wait_for("Time: ", 7);
     say(
         "SELECT value FROM information_schema.df_settings WHERE name = 'datafusion.execution.batch_size';",
     );
-    let text = wait_for("Time: ", 7);
+    let text = wait_for("Time: ", 8);
     assert!(text.contains("value\r\n1234\r\n"), "{text}");
     // A column added (a new schema record, and a change that has it): the
     // next statement sees it, though no log moved.
     add_note_column(root.path(), 4);
     say("SELECT count(*) AS rows, max(note) AS note FROM public.t;");
-    let text = wait_for("Time: ", 8);
+    let text = wait_for("Time: ", 9);
     assert!(text.contains("rows,note\r\n4,added\r\n"), "{text}");
+    // Compacted again: the new files are read, not the columns kept from
+    // the old ones.
+    let out = Command::new(bin())
+        .arg("compact")
+        .envs(tiny_env(root.path()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    for i in [10, 11] {
+        say("SELECT count(*) AS rows, sum(n) AS total FROM public.t;");
+        let text = wait_for("Time: ", i);
+        assert_eq!(
+            text.matches("rows,total\r\n4,100\r\n").count(),
+            i - 9,
+            "{text}"
+        );
+    }
     say("\\q");
     drop(stdin);
     let status = child.wait().unwrap();
     reader.join().unwrap();
     assert!(status.success(), "{}", seen.lock().unwrap());
+}
+
+/// A statement read again decodes its columns once and keeps them, so a
+/// third reads memory, not Parquet, with the same answer; with
+/// `--keep-decoded 0` every statement reads Parquet.
+#[test]
+fn columns_read_again_are_kept_in_memory_unless_told_not_to() {
+    let root = tempfile::tempdir().unwrap();
+    tiny_archive(root.path());
+    write_inserts(root.path(), 1..=50);
+    let env = tiny_env(root.path());
+    let out = Command::new(bin())
+        .arg("compact")
+        .envs(env.clone())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let sql = "SELECT sum(n) AS total FROM public.t WHERE id > 10";
+    let script = format!("{sql}; {sql}; {sql}; EXPLAIN {sql}");
+    for (extra, parquet) in [(&[][..], false), (&["--keep-decoded", "0"][..], true)] {
+        let out = Command::new(bin())
+            .args(["query", "--format", "csv"])
+            .args(extra)
+            .arg(&script)
+            .envs(env.clone())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        // 10 x (11 + ... + 50)
+        assert_eq!(
+            text.matches("total\n12200\n").count(),
+            3,
+            "{extra:?}: {text}"
+        );
+        let plan = &text[text.find("plan_type").expect("the EXPLAIN")..];
+        assert_eq!(
+            plan.contains("file_type=parquet"),
+            parquet,
+            "{extra:?}: {plan}"
+        );
+        assert_eq!(
+            plan.contains("partition_sizes="),
+            !parquet,
+            "{extra:?}: {plan}"
+        );
+    }
 }
 
 /// One `waltail query` keeps the Delta log entries it read in the state

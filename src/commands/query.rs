@@ -27,7 +27,13 @@ pub(crate) async fn query(config: &Config, opts: &Options) -> Result<ExitCode> {
             (None, None) if std::io::stdin().is_terminal() => None,
             (None, None) => Some(read_stdin()?),
         };
-    let query = Query::new(config, opts.at.clone(), format, opts.timing)?;
+    let query = Query::new(
+        config,
+        opts.at.clone(),
+        format,
+        opts.timing,
+        opts.keep_decoded_mib.saturating_mul(1 << 20),
+    )?;
     match sql {
         Some(sql) => {
             query.run(&sql).await?;

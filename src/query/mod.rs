@@ -25,6 +25,7 @@
 mod at;
 pub(crate) mod catalog;
 mod early;
+mod kept;
 mod known;
 pub(crate) mod merge;
 pub(crate) mod output;
@@ -68,6 +69,8 @@ pub(crate) struct Options {
     pub at: Option<At>,
     /// Each statement's time on stderr, by phase.
     pub timing: bool,
+    /// Memory for decoded columns read again (see [`kept`]), in MiB.
+    pub keep_decoded_mib: usize,
 }
 
 /// What every statement of one invocation shares.
@@ -84,6 +87,8 @@ pub(crate) struct Query {
     session: tokio::sync::Mutex<Option<(SessionContext, Arc<Archive>)>>,
     /// The entries kept for the next query (see [`known`]).
     known: Known,
+    /// What the decoded columns kept by every snapshot's tables may take.
+    budget: Arc<kept::Budget>,
 }
 
 /// Where a statement's time went, for `--timing`.
@@ -104,6 +109,7 @@ impl Query {
         at: Option<At>,
         format: Format,
         timing: bool,
+        keep_decoded: usize,
     ) -> Result<Query> {
         // Reads retried like compact's: a reset connection does not fail the query.
         let sink = Sink::with_retry(
@@ -120,6 +126,7 @@ impl Query {
             at,
             format,
             timing: AtomicBool::new(timing),
+            budget: kept::Budget::new(keep_decoded),
             session: tokio::sync::Mutex::new(None),
         })
     }
@@ -177,12 +184,13 @@ impl Query {
             }
             Some((ctx, _)) => {
                 let archive = Arc::new(archive);
-                providers::register(&ctx, Arc::clone(&archive)).map_err(|e| sql_error("", e))?;
+                providers::register(&ctx, Arc::clone(&archive), &self.budget)
+                    .map_err(|e| sql_error("", e))?;
                 (ctx, archive)
             }
             None => {
                 let archive = Arc::new(archive);
-                (session(Arc::clone(&archive))?, archive)
+                (session(Arc::clone(&archive), &self.budget)?, archive)
             }
         };
         *kept = Some((ctx.clone(), Arc::clone(&archive)));
@@ -347,7 +355,10 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// A session with the archive's tables, reading through the destination's store.
-pub(crate) fn session(archive: Arc<Archive>) -> std::result::Result<SessionContext, Error> {
+pub(crate) fn session(
+    archive: Arc<Archive>,
+    budget: &Arc<kept::Budget>,
+) -> std::result::Result<SessionContext, Error> {
     let mut config = SessionConfig::new()
         .with_information_schema(true)
         .with_default_catalog_and_schema("datafusion", "public");
@@ -376,7 +387,7 @@ pub(crate) fn session(archive: Arc<Archive>) -> std::result::Result<SessionConte
     let ctx = SessionContext::new_with_state(state);
     let url = ObjectStoreUrl::parse(ARCHIVE_URL).expect("a valid URL");
     ctx.register_object_store(url.as_ref(), Arc::clone(&archive.store));
-    providers::register(&ctx, archive).map_err(|e| sql_error("", e))?;
+    providers::register(&ctx, archive, budget).map_err(|e| sql_error("", e))?;
     Ok(ctx)
 }
 

@@ -41,6 +41,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::at::AtView;
 use super::catalog::Archive;
+use super::kept::{Budget, KeptTable};
 use super::merge::{Overlay, overlay_schema};
 use super::tail::{Bounds, TailKind, TailTable, history_table_schema, typed_changes};
 use super::views::{data_schema, with_views};
@@ -61,7 +62,11 @@ const BATCH_ROWS: usize = 8192;
 const FETCH_AHEAD: usize = 8;
 
 /// Registers the archive's tables in `ctx`.
-pub(crate) fn register(ctx: &SessionContext, archive: Arc<Archive>) -> DfResult<()> {
+pub(crate) fn register(
+    ctx: &SessionContext,
+    archive: Arc<Archive>,
+    budget: &Arc<Budget>,
+) -> DfResult<()> {
     let mut by_schema: BTreeMap<String, Vec<Arc<TableShape>>> = BTreeMap::new();
     for shape in archive.shapes.values() {
         let (schema, _) = shape.schema_and_name();
@@ -81,6 +86,7 @@ pub(crate) fn register(ctx: &SessionContext, archive: Arc<Archive>) -> DfResult<
                 Arc::clone(&archive),
                 shapes,
                 View::Latest,
+                budget,
             )),
         )?;
         history.register_schema(
@@ -89,6 +95,7 @@ pub(crate) fn register(ctx: &SessionContext, archive: Arc<Archive>) -> DfResult<
                 Arc::clone(&archive),
                 shapes,
                 View::History,
+                budget,
             )),
         )?;
     }
@@ -116,10 +123,17 @@ struct ArchiveSchema {
     /// By the table's name within the schema.
     shapes: BTreeMap<String, Arc<TableShape>>,
     built: Mutex<HashMap<String, Arc<dyn TableProvider>>>,
+    /// For the decoded columns the latest views keep (see [`KeptTable`]).
+    budget: Arc<Budget>,
 }
 
 impl ArchiveSchema {
-    fn new(archive: Arc<Archive>, shapes: &[Arc<TableShape>], view: View) -> ArchiveSchema {
+    fn new(
+        archive: Arc<Archive>,
+        shapes: &[Arc<TableShape>],
+        view: View,
+        budget: &Arc<Budget>,
+    ) -> ArchiveSchema {
         ArchiveSchema {
             archive,
             view,
@@ -130,6 +144,7 @@ impl ArchiveSchema {
                 .map(|s| (s.schema_and_name().1.to_string(), Arc::clone(s)))
                 .collect(),
             built: Mutex::new(HashMap::new()),
+            budget: Arc::clone(budget),
         }
     }
 }
@@ -148,7 +163,7 @@ impl SchemaProvider for ArchiveSchema {
             return Ok(Some(Arc::clone(t)));
         }
         let table = match self.view {
-            View::Latest => latest_table(&self.archive, shape).await,
+            View::Latest => latest_table(&self.archive, shape, &self.budget).await,
             View::History => history_table(&self.archive, shape),
         }
         .map_err(|e| DataFusionError::External(Box::new(e)))?;
@@ -319,6 +334,7 @@ fn key_filter(name: &str, keys: HashSet<Box<str>>, negated: bool) -> ScalarUDF {
 async fn latest_table(
     archive: &Arc<Archive>,
     shape: &Arc<TableShape>,
+    budget: &Arc<Budget>,
 ) -> Result<Arc<dyn TableProvider>> {
     let ctx = internal_session(archive);
     let next = archive.next_seq(&shape.table);
@@ -372,6 +388,7 @@ async fn latest_table(
     }
     match base {
         Some(base) if overlay.base_visible() => {
+            let base = Arc::new(KeptTable::new(base, Arc::clone(budget)));
             let build = || -> DfResult<Arc<dyn TableProvider>> {
                 let mut plan = LogicalPlanBuilder::scan("latest", provider_as_source(base), None)?;
                 if !overlay.is_empty() {
