@@ -10,12 +10,13 @@ use std::task::{Context, Poll};
 use arrow::array::{
     Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
 };
-use arrow::compute::{cast, concat_batches, take};
+use arrow::compute::{SortOptions, cast, concat_batches, take};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{
     EquivalenceProperties, LexRequirement, OrderingRequirements, PhysicalExpr, PhysicalSortExpr,
     PhysicalSortRequirement,
@@ -40,6 +41,11 @@ pub(super) enum Shift {
     RowNumber,
 }
 
+/// The most bytes of one partition's rows the sort by the key order column
+/// sorts in place (see [`KeyWindowExec::execute`]); a larger partition is
+/// sorted in runs of this size, merged.
+const IN_PLACE_SORT_BYTES: usize = 256 << 20;
+
 /// Computes `lag`, `lead` and `row_number` over input sorted by the
 /// partition keys (then the order), partitioned on them.
 #[derive(Debug)]
@@ -50,6 +56,10 @@ pub(super) struct KeyWindowExec {
     order_by: Vec<PhysicalSortExpr>,
     /// Each function, with its value for `lag`/`lead`.
     functions: Vec<(Shift, Option<Arc<dyn PhysicalExpr>>)>,
+    /// The input's column of [`super::order::KeyOrderExec`], when the rows
+    /// are sorted by it (and it is not passed on), instead of by the keys
+    /// and the order.
+    order_column: Option<usize>,
     properties: Arc<PlanProperties>,
     /// Time and rows, for `EXPLAIN ANALYZE`.
     metrics: ExecutionPlanMetricsSet,
@@ -62,12 +72,17 @@ impl KeyWindowExec {
         partition_by: Vec<Arc<dyn PhysicalExpr>>,
         order_by: Vec<PhysicalSortExpr>,
         functions: Vec<(Shift, Option<Arc<dyn PhysicalExpr>>)>,
+        order_column: Option<usize>,
     ) -> KeyWindowExec {
-        // Rows leave in the order they came: the input's orderings hold.
-        let orderings: Vec<Vec<PhysicalSortExpr>> = input
-            .output_ordering()
-            .map(|o| vec![o.iter().cloned().collect()])
-            .unwrap_or_default();
+        // Rows leave in the order they came: the input's orderings hold,
+        // unless they are by the order column, which is not passed on.
+        let orderings: Vec<Vec<PhysicalSortExpr>> = match order_column {
+            Some(_) => Vec::new(),
+            None => input
+                .output_ordering()
+                .map(|o| vec![o.iter().cloned().collect()])
+                .unwrap_or_default(),
+        };
         let properties = PlanProperties::new(
             EquivalenceProperties::new_with_orderings(Arc::clone(&schema), orderings),
             input.output_partitioning().clone(),
@@ -80,6 +95,7 @@ impl KeyWindowExec {
             partition_by,
             order_by,
             functions,
+            order_column,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -123,6 +139,14 @@ impl ExecutionPlan for KeyWindowExec {
     }
 
     fn required_input_ordering(&self) -> Vec<Option<OrderingRequirements>> {
+        if let Some(i) = self.order_column {
+            let column = Arc::new(Column::new(super::order::ORDER_COLUMN, i));
+            let req = PhysicalSortRequirement::new(column, Some(SortOptions::default()));
+            return vec![
+                LexRequirement::new([req])
+                    .and_then(|r| OrderingRequirements::new_alternatives([r], false)),
+            ];
+        }
         // The keys in either direction (equal keys together), then the order.
         let mut reqs: Vec<PhysicalSortRequirement> = self
             .partition_by
@@ -184,6 +208,7 @@ impl ExecutionPlan for KeyWindowExec {
                 partition_by: self.partition_by.clone(),
                 order_by: self.order_by.clone(),
                 functions: self.functions.clone(),
+                order_column: self.order_column,
                 properties: Arc::clone(&self.properties),
                 metrics: ExecutionPlanMetricsSet::new(),
             },
@@ -193,6 +218,7 @@ impl ExecutionPlan for KeyWindowExec {
                 self.partition_by.clone(),
                 self.order_by.clone(),
                 self.functions.clone(),
+                self.order_column,
             ),
         }))
     }
@@ -216,6 +242,30 @@ impl ExecutionPlan for KeyWindowExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
+        let context = match self.order_column {
+            // The sort below is by one integer column: sorted whole in
+            // place, rather than batch by batch and merged, it takes a
+            // quarter of the time (docs/performance.md#query), for a copy
+            // of the partition's rows while it sorts, up to this bound.
+            Some(_) => {
+                let mut config = context.session_config().clone();
+                let execution = &mut config.options_mut().execution;
+                execution.sort_in_place_threshold_bytes = execution
+                    .sort_in_place_threshold_bytes
+                    .max(IN_PLACE_SORT_BYTES);
+                Arc::new(TaskContext::new(
+                    context.task_id(),
+                    context.session_id(),
+                    config,
+                    context.scalar_functions().clone(),
+                    context.higher_order_functions().clone(),
+                    context.aggregate_functions().clone(),
+                    context.window_functions().clone(),
+                    context.runtime_env(),
+                ))
+            }
+            None => context,
+        };
         let input = self.input.execute(partition, context)?;
         let lookahead = self
             .functions
@@ -242,6 +292,7 @@ impl ExecutionPlan for KeyWindowExec {
             schema: Arc::clone(&self.schema),
             partition_by: self.partition_by.clone(),
             functions: self.functions.clone(),
+            order_column: self.order_column,
             lookahead,
             lookback,
             buffer: None,
@@ -260,6 +311,8 @@ struct KeyWindowStream {
     schema: SchemaRef,
     partition_by: Vec<Arc<dyn PhysicalExpr>>,
     functions: Vec<(Shift, Option<Arc<dyn PhysicalExpr>>)>,
+    /// See [`KeyWindowExec`]: partitions told apart by it, and not output.
+    order_column: Option<usize>,
     /// The most rows a `lead` looks ahead: rows held until they come.
     lookahead: usize,
     /// The most rows a `lag` (or `row_number`) looks back: rows kept.
@@ -294,7 +347,10 @@ impl KeyWindowStream {
             self.buffer = Some(buffer);
             return Ok(None);
         }
-        let part = partition_ids(&buffer, &self.partition_by)?;
+        let part = match self.order_column {
+            Some(i) => numbered_partitions(buffer.column(i))?,
+            None => partition_ids(&buffer, &self.partition_by)?,
+        };
         // Numbered only for a `row_number`: `lag` and `lead` need the
         // partitions alone.
         let numbers = self
@@ -306,9 +362,11 @@ impl KeyWindowStream {
         let mut columns: Vec<ArrayRef> = buffer
             .columns()
             .iter()
-            .map(|c| c.slice(rows.start, rows.len()))
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != self.order_column)
+            .map(|(_, c)| c.slice(rows.start, rows.len()))
             .collect();
-        let out_fields = &self.schema.fields()[buffer.num_columns()..];
+        let out_fields = &self.schema.fields()[self.schema.fields().len() - self.functions.len()..];
         for ((shift, value), field) in self.functions.iter().zip(out_fields) {
             let column: ArrayRef = match shift {
                 Shift::RowNumber => {
@@ -369,6 +427,17 @@ fn partition_ids(batch: &RecordBatch, keys: &[Arc<dyn PhysicalExpr>]) -> DfResul
     let changed = changed.expect("at least one key");
     for i in 1..n {
         ids[i] = ids[i - 1] + u32::from(changed.value(i - 1));
+    }
+    Ok(ids)
+}
+
+/// Each row's partition, numbered from 0 in the batch, from the key
+/// numbers of [`super::order::KeyOrderExec`]'s column.
+fn numbered_partitions(column: &ArrayRef) -> DfResult<Vec<u32>> {
+    let numbers = super::order::order_key_numbers(column)?;
+    let mut ids = vec![0u32; numbers.len()];
+    for i in 1..numbers.len() {
+        ids[i] = ids[i - 1] + u32::from(numbers[i] != numbers[i - 1]);
     }
     Ok(ids)
 }

@@ -20,11 +20,14 @@
 //! [`KeyWindow`] node; [`KeyWindowPlanner`] plans it as a [`KeyWindowExec`]
 //! that requires what DataFusion's window operator requires (its input
 //! hash-partitioned on the keys and sorted by them and then the order),
-//! so DataFusion adds the same sort and repartitioning. Any other window
-//! is left to DataFusion. Memory: an input batch and at most
+//! so DataFusion adds the same sort and repartitioning. When the order is
+//! one integer, date or timestamp, the sort is by one number per row
+//! instead ([`order`]: the key's number, then the value), which DataFusion
+//! sorts several times faster. Any other window is left to DataFusion. Memory: an input batch and at most
 //! [`MAX_OFFSET`] rows on each side of it, whatever a partition's size.
 
 mod exec;
+mod order;
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -49,6 +52,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use datafusion::prelude::Expr;
 
 use self::exec::{KeyWindowExec, Shift};
+use self::order::{KeyOrderExec, orderable};
 
 /// The largest `lag`/`lead` offset computed here: the rows carried from
 /// one batch to the next. A larger one is left to DataFusion.
@@ -352,12 +356,27 @@ impl ExtensionPlanner for KeyWindowPlanner {
             functions.push((shift, value.as_ref().map(physical).transpose()?));
         }
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
+        let mut input = Arc::clone(&physical_inputs[0]);
+        let mut order_column = None;
+        // One order of an integer type: sorted by one number (see [`order`]).
+        if let [order] = order_by.as_slice()
+            && orderable(&order.expr.data_type(&input.schema())?)
+        {
+            order_column = Some(input.schema().fields().len());
+            input = Arc::new(KeyOrderExec::new(
+                input,
+                partition_by.clone(),
+                Arc::clone(&order.expr),
+                order.options,
+            ));
+        }
         Ok(Some(Arc::new(KeyWindowExec::new(
-            Arc::clone(&physical_inputs[0]),
+            input,
             schema,
             partition_by,
             order_by,
             functions,
+            order_column,
         ))))
     }
 }
@@ -516,6 +535,12 @@ mod tests {
             let p = plan(&ours, sql).await;
             assert!(p.contains("KeyWindowExec"), "{sql}\n{p}");
             assert!(!p.contains("WindowAggExec"), "{sql}\n{p}");
+            // One integer order: sorted by the key order column alone.
+            assert_eq!(
+                p.contains("KeyOrderExec"),
+                !sql.contains("ORDER BY x, s"),
+                "{sql}\n{p}"
+            );
         }
     }
 
