@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::datasource::memory::MemorySourceConfig;
@@ -80,13 +80,17 @@ struct Kept {
     columns: Vec<usize>,
     batches: Vec<RecordBatch>,
     bytes: usize,
-    /// The columns asked for did not fit: not decoded whole again.
-    too_large: bool,
+    /// Column sets asked for that did not fit (with those kept): not
+    /// decoded whole again.
+    too_large: HashSet<Vec<usize>>,
 }
 
 /// A table whose columns read twice are kept in memory (see the module doc).
 pub(crate) struct KeptTable {
     inner: Arc<dyn TableProvider>,
+    /// The table's rows as its files say, to tell columns that cannot fit
+    /// before decoding them.
+    rows: usize,
     budget: Arc<Budget>,
     kept: Mutex<Kept>,
 }
@@ -102,12 +106,34 @@ impl fmt::Debug for KeptTable {
 }
 
 impl KeptTable {
-    pub(crate) fn new(inner: Arc<dyn TableProvider>, budget: Arc<Budget>) -> KeptTable {
+    pub(crate) fn new(
+        inner: Arc<dyn TableProvider>,
+        rows: usize,
+        budget: Arc<Budget>,
+    ) -> KeptTable {
         KeptTable {
             inner,
+            rows,
             budget,
             kept: Mutex::new(Kept::default()),
         }
+    }
+
+    /// The least memory `columns` take decoded: their fixed widths (a text
+    /// value's view alone) and a validity bit per row.
+    fn least_bytes(&self, columns: &[usize]) -> usize {
+        let schema = self.inner.schema();
+        let per_row: usize = columns
+            .iter()
+            .map(|&c| match schema.field(c).data_type() {
+                DataType::Utf8View | DataType::BinaryView => 16,
+                DataType::Utf8 | DataType::Binary => 4,
+                DataType::LargeUtf8 | DataType::LargeBinary => 8,
+                t => t.primitive_width().unwrap_or(0),
+            })
+            .sum();
+        self.rows
+            .saturating_mul(per_row + columns.len().div_ceil(8))
     }
 
     /// A scan of the kept rows in `projection` (indexes of the table), if
@@ -188,56 +214,64 @@ impl TableProvider for KeptTable {
         let all: Vec<usize> = (0..self.schema().fields().len()).collect();
         let projection = projection.unwrap_or(&all);
         let partitions = state.config().target_partitions();
+        let mut requested = projection.clone();
+        requested.sort_unstable();
+        requested.dedup();
         let whole: Option<Vec<usize>> = {
             let mut kept = self.kept.lock().expect("not poisoned");
             if let Some(exec) = self.memory_scan(&kept, projection, partitions)? {
                 return Ok(exec);
             }
-            let mut set = projection.clone();
-            set.sort_unstable();
-            set.dedup();
-            // Read once, or too large: Parquet's own scan, with its pruning.
-            if kept.too_large || set.is_empty() || kept.seen.insert(set.clone()) {
+            // Read once, or known not to fit: Parquet's own scan, with its
+            // pruning.
+            if requested.is_empty()
+                || kept.too_large.contains(&requested)
+                || kept.seen.insert(requested.clone())
+            {
                 None
             } else {
+                let mut set = requested.clone();
                 set.extend(kept.columns.iter().copied());
-                Some(set)
+                set.sort_unstable();
+                set.dedup();
+                // Columns that cannot fit are not decoded whole to find out.
+                if self.least_bytes(&set) > self.budget.limit {
+                    kept.too_large.insert(requested.clone());
+                    None
+                } else {
+                    Some(set)
+                }
             }
         };
-        let Some(mut wanted) = whole else {
+        let Some(wanted) = whole else {
             return self
                 .inner
                 .scan(state, Some(projection), filters, limit)
                 .await;
         };
-        wanted.sort_unstable();
-        wanted.dedup();
         let whole = self.inner.scan(state, Some(&wanted), &[], None).await?;
         let batches = collect(whole, state.task_ctx()).await?;
         let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
         let mut kept = self.kept.lock().expect("not poisoned");
-        let mut fresh = Kept {
-            seen: std::mem::take(&mut kept.seen),
-            columns: wanted,
-            batches,
-            bytes,
-            too_large: false,
-        };
-        self.budget.give(kept.bytes);
-        if !self.budget.take(bytes) {
-            // This statement reads what it decoded; nothing is kept, and
-            // these columns are not decoded whole again.
-            *kept = Kept {
-                seen: std::mem::take(&mut fresh.seen),
-                too_large: true,
+        // The new columns replace the ones kept (they hold them too).
+        if !self.budget.take(bytes.saturating_sub(kept.bytes)) {
+            // This statement reads what it decoded; the columns kept stay,
+            // and these are not decoded whole again.
+            kept.too_large.insert(requested);
+            drop(kept);
+            let fresh = Kept {
+                columns: wanted,
+                batches,
                 ..Kept::default()
             };
-            fresh.bytes = 0;
             return Ok(self
                 .memory_scan(&fresh, projection, partitions)?
                 .expect("the columns just decoded"));
         }
-        *kept = fresh;
+        self.budget.give(kept.bytes.saturating_sub(bytes));
+        kept.columns = wanted;
+        kept.batches = batches;
+        kept.bytes = bytes;
         Ok(self
             .memory_scan(&kept, projection, partitions)?
             .expect("the columns just kept"))
@@ -321,7 +355,11 @@ mod tests {
         let reference = SessionContext::new();
         reference.register_table("t", Arc::clone(&inner)).unwrap();
         let budget = Budget::new(1 << 30);
-        let kept = Arc::new(KeptTable::new(Arc::clone(&inner), Arc::clone(&budget)));
+        let kept = Arc::new(KeptTable::new(
+            Arc::clone(&inner),
+            1000,
+            Arc::clone(&budget),
+        ));
         let ctx = SessionContext::new();
         ctx.register_table("t", Arc::clone(&kept) as Arc<dyn TableProvider>)
             .unwrap();
@@ -368,16 +406,46 @@ mod tests {
         let (inner, _dir) = parquet_table();
         let reference = SessionContext::new();
         reference.register_table("t", Arc::clone(&inner)).unwrap();
+        let want = answer(&reference, ALL).await;
+        // Rows unknown (0): the second read decodes them whole and finds
+        // they do not fit; that statement reads them, nothing is kept.
         let budget = Budget::new(1_000);
         let ctx = SessionContext::new();
-        ctx.register_table("t", Arc::new(KeptTable::new(inner, Arc::clone(&budget))))
-            .unwrap();
-        for _ in 0..3 {
-            assert_eq!(answer(&ctx, ALL).await, answer(&reference, ALL).await);
+        let table = KeptTable::new(Arc::clone(&inner), 0, Arc::clone(&budget));
+        ctx.register_table("t", Arc::new(table)).unwrap();
+        assert_eq!(answer(&ctx, ALL).await, want);
+        assert!(!reads_parquet(&ctx, ALL).await);
+        assert_eq!(budget.used(), 0);
+        for _ in 0..2 {
+            assert!(reads_parquet(&ctx, ALL).await);
+            assert_eq!(answer(&ctx, ALL).await, want);
             assert_eq!(budget.used(), 0);
         }
+        // Another set of columns is tried on its own.
+        for parquet in [true, false, true, true] {
+            assert_eq!(reads_parquet(&ctx, GROUP).await, parquet);
+        }
+        assert_eq!(answer(&ctx, GROUP).await, answer(&reference, GROUP).await);
+        assert_eq!(budget.used(), 0);
+        // Rows known (as if the files said 10,000): two integers and a
+        // text's offsets are more than 100,000 bytes, so they are never
+        // decoded whole.
+        let budget = Budget::new(100_000);
+        let ctx = SessionContext::new();
+        let table = KeptTable::new(inner, 10_000, Arc::clone(&budget));
+        ctx.register_table("t", Arc::new(table)).unwrap();
+        assert_eq!(answer(&ctx, ALL).await, want);
         assert!(reads_parquet(&ctx, ALL).await);
-        assert!(reads_parquet(&ctx, GROUP).await);
+        assert_eq!(answer(&ctx, ALL).await, want);
+        assert_eq!(budget.used(), 0);
+        // One integer column fits (80,000 bytes and the validity bits).
+        for _ in 0..2 {
+            assert_eq!(
+                answer(&ctx, "SELECT sum(id) FROM t").await,
+                answer(&reference, "SELECT sum(id) FROM t").await
+            );
+        }
+        assert!(budget.used() > 0);
     }
 
     #[test]

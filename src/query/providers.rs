@@ -388,7 +388,11 @@ async fn latest_table(
     }
     match base {
         Some(base) if overlay.base_visible() => {
-            let base = Arc::new(KeptTable::new(base, Arc::clone(budget)));
+            let rows = archive
+                .compacted
+                .get(&shape.table)
+                .map_or(0, |e| e.latest_rows as usize);
+            let base = Arc::new(KeptTable::new(base, rows, Arc::clone(budget)));
             let build = || -> DfResult<Arc<dyn TableProvider>> {
                 let mut plan = LogicalPlanBuilder::scan("latest", provider_as_source(base), None)?;
                 if !overlay.is_empty() {
