@@ -183,6 +183,7 @@ duck() {
 import csv, duckdb, sys, time
 sql, runs, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 con = duckdb.connect()
+con.execute('SET enable_progress_bar = false')
 best = None
 for _ in range(runs):
     t = time.perf_counter()
@@ -313,7 +314,9 @@ done
 # window over the history gets wrong (NULL where an update left it out).
 "$python" - "select count(*) FILTER (WHERE note IS DISTINCT FROM note_carried) FROM ($versions) WHERE rn = 1 AND _op <> 'delete'" <<'PY' >"$work/naive"
 import duckdb, sys
-print(duckdb.sql(sys.argv[1]).fetchone()[0])
+con = duckdb.connect()
+con.execute('SET enable_progress_bar = false')
+print(con.sql(sys.argv[1]).fetchone()[0])
 PY
 echo "the naive latest row per key from the history (no carry-forward of unchanged TOAST) is wrong on $(cat "$work/naive") of $rows rows"
 

@@ -908,6 +908,16 @@ fn tiny_env(root: &std::path::Path) -> Vec<(&'static str, std::path::PathBuf)> {
     ]
 }
 
+/// Compacts the archive of [`tiny_archive`] in `root`.
+fn compact_tiny(root: &std::path::Path) {
+    let out = Command::new(bin())
+        .arg("compact")
+        .envs(tiny_env(root))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
 /// The prompt (on a terminal: `script` gives it one) keeps the tables it
 /// built while the archive is unchanged, and a statement after a new
 /// object arrived sees it; `\timing` prints each statement's phases.
@@ -923,7 +933,7 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
             &format!("{} query --format csv", bin()),
             "/dev/null",
         ])
-        .envs(env.clone())
+        .envs(env)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -996,12 +1006,7 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
     // A compaction commits to the table's Delta logs: the next statement
     // reads the new snapshot (the same answer, now from Parquet), and the
     // one after keeps its tables again.
-    let out = Command::new(bin())
-        .arg("compact")
-        .envs(env.clone())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    compact_tiny(root.path());
     // The sixth reads `n` from memory: the fifth, a statement read again,
     // decoded it whole and kept it (`--keep-decoded`).
     for (i, kept) in [(4, false), (5, true), (6, true)] {
@@ -1030,12 +1035,7 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
     assert!(text.contains("rows,note\r\n4,added\r\n"), "{text}");
     // Compacted again: the new files are read, not the columns kept from
     // the old ones.
-    let out = Command::new(bin())
-        .arg("compact")
-        .envs(tiny_env(root.path()))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    compact_tiny(root.path());
     for i in [10, 11] {
         say("SELECT count(*) AS rows, sum(n) AS total FROM public.t;");
         let text = wait_for("Time: ", i);
@@ -1061,12 +1061,7 @@ fn columns_read_again_are_kept_in_memory_unless_told_not_to() {
     tiny_archive(root.path());
     write_inserts(root.path(), 1..=50);
     let env = tiny_env(root.path());
-    let out = Command::new(bin())
-        .arg("compact")
-        .envs(env.clone())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    compact_tiny(root.path());
     let sql = "SELECT sum(n) AS total FROM public.t WHERE id > 10";
     let script = format!("{sql}; {sql}; {sql}; EXPLAIN {sql}");
     for (extra, parquet) in [(&[][..], false), (&["--keep-decoded", "0"][..], true)] {

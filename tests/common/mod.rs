@@ -866,6 +866,7 @@ pub(crate) fn duck(sql: &str) -> Vec<Vec<Value>> {
              from importlib.metadata import files\n\
              ext = [f.locate() for f in files('duckdb-ext-delta') if f.name == 'delta.duckdb_extension'][0]\n\
              con = duckdb.connect(config={'autoinstall_known_extensions': False, 'autoload_known_extensions': False})\n\
+             con.execute('SET enable_progress_bar = false')\n\
              con.execute(\"LOAD '%s'\" % ext)\n\
              rows = con.sql(sys.argv[1]).fetchall()\n\
              print(json.dumps([list(r) for r in rows], default=str))",
@@ -878,7 +879,13 @@ pub(crate) fn duck(sql: &str) -> Vec<Vec<Value>> {
         "duckdb failed on {sql}:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "duckdb printed no JSON for {sql} ({e}):\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
     v.as_array()
         .unwrap()
         .iter()

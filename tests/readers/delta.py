@@ -112,6 +112,9 @@ def duckdb_connect(uri):
     con = duckdb.connect(
         config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
     )
+    # No progress bar: a query slower than two seconds (on a loaded machine)
+    # prints one on stdout, into the JSON read from there.
+    con.execute("SET enable_progress_bar = false")
     # Arrow then carries TIMESTAMPTZ as UTC, as deltalake does.
     con.execute("SET TimeZone = 'UTC'")
     con.execute(f"LOAD {sql_string(extension_file('delta'))}")

@@ -14,7 +14,7 @@ use arrow::compute::{SortOptions, cast, concat_batches, take};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::error::Result as DfResult;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{
@@ -28,6 +28,8 @@ use datafusion::physical_plan::{
     InputDistributionRequirements, PlanProperties, RecordBatchStream,
 };
 use futures::{Stream, StreamExt};
+
+use super::operator::{only_child, visit};
 
 /// One function of the window, as the operator computes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,32 +177,21 @@ impl ExecutionPlan for KeyWindowExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
     ) -> DfResult<TreeNodeRecursion> {
-        let mut recursion = TreeNodeRecursion::Continue;
-        for e in self
-            .partition_by
-            .iter()
-            .chain(self.order_by.iter().map(|s| &s.expr))
-            .chain(self.functions.iter().filter_map(|(_, v)| v.as_ref()))
-        {
-            recursion = f(e)?;
-            if recursion == TreeNodeRecursion::Stop {
-                break;
-            }
-        }
-        Ok(recursion)
+        visit(
+            self.partition_by
+                .iter()
+                .chain(self.order_by.iter().map(|s| &s.expr))
+                .chain(self.functions.iter().filter_map(|(_, v)| v.as_ref())),
+            f,
+        )
     }
 
     fn replace_children(
         self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
         options: ReplaceChildrenOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        if children.len() != 1 {
-            return Err(DataFusionError::Internal(
-                "KeyWindowExec takes one input".into(),
-            ));
-        }
-        let input = children.swap_remove(0);
+        let input = only_child(children, "KeyWindowExec")?;
         Ok(Arc::new(match options.children_properties {
             ChildrenPropertiesMode::Keep => KeyWindowExec {
                 input,

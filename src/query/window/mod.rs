@@ -27,6 +27,7 @@
 //! [`MAX_OFFSET`] rows on each side of it, whatever a partition's size.
 
 mod exec;
+mod operator;
 mod order;
 
 use std::cmp::Ordering;

@@ -42,6 +42,8 @@ use datafusion::physical_plan::{
 };
 use futures::{Stream, StreamExt};
 
+use super::operator::{only_child, visit};
+
 /// The name of the column [`KeyOrderExec`] appends.
 pub(super) const ORDER_COLUMN: &str = "__waltail_key_order";
 
@@ -156,27 +158,15 @@ impl ExecutionPlan for KeyOrderExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
     ) -> DfResult<TreeNodeRecursion> {
-        let mut recursion = TreeNodeRecursion::Continue;
-        for e in self.keys.iter().chain([&self.order]) {
-            recursion = f(e)?;
-            if recursion == TreeNodeRecursion::Stop {
-                break;
-            }
-        }
-        Ok(recursion)
+        visit(self.keys.iter().chain([&self.order]), f)
     }
 
     fn replace_children(
         self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
         options: ReplaceChildrenOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        if children.len() != 1 {
-            return Err(DataFusionError::Internal(
-                "KeyOrderExec takes one input".into(),
-            ));
-        }
-        let input = children.swap_remove(0);
+        let input = only_child(children, "KeyOrderExec")?;
         Ok(Arc::new(match options.children_properties {
             ChildrenPropertiesMode::Keep => KeyOrderExec {
                 input,
