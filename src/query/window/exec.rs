@@ -7,11 +7,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use arrow::array::AsArray;
 use arrow::array::{
     Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
 };
 use arrow::compute::{SortOptions, cast, concat_batches, take};
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result as DfResult;
@@ -390,9 +391,33 @@ impl KeyWindowStream {
             self.first_number = numbers[keep_from];
         }
         self.history = end - keep_from;
-        self.buffer = Some(buffer.slice(keep_from, n - keep_from));
+        self.buffer = Some(carried(&buffer.slice(keep_from, n - keep_from))?);
         Ok(Some(out))
     }
+}
+
+/// The rows carried to the next batch, their text and binary views in
+/// buffers of their own: a slice of a view array holds every buffer of
+/// the array it came from, and each batch is joined to the rows carried
+/// from the one before, so without this the buffers held (and copied at
+/// each join) would grow with every batch.
+fn carried(rows: &RecordBatch) -> DfResult<RecordBatch> {
+    let columns = rows
+        .columns()
+        .iter()
+        .map(|c| -> ArrayRef {
+            match c.data_type() {
+                DataType::Utf8View => Arc::new(c.as_string_view().gc()),
+                DataType::BinaryView => Arc::new(c.as_binary_view().gc()),
+                _ => Arc::clone(c),
+            }
+        })
+        .collect();
+    Ok(RecordBatch::try_new_with_options(
+        rows.schema(),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(rows.num_rows())),
+    )?)
 }
 
 /// Each row's partition, numbered from 0 in the batch: a new number where
@@ -515,5 +540,84 @@ impl Stream for KeyWindowStream {
 impl RecordBatchStream for KeyWindowStream {
     fn schema(&self) -> SchemaRef {
         Arc::clone(&self.schema)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Int64Array, StringViewArray};
+    use arrow::datatypes::{Field, Schema};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::physical_expr::expressions::col;
+    use datafusion::physical_plan::collect;
+
+    use super::*;
+
+    /// Batches each with its own text buffers hold only those (and the few
+    /// carried rows'), however many batches came before.
+    #[tokio::test]
+    async fn carried_rows_do_not_keep_the_buffers_of_earlier_batches() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Utf8View, false),
+        ]));
+        let batches: Vec<RecordBatch> = (0..60)
+            .map(|b| {
+                let keys: Vec<i64> = (0..10).map(|i| (b * 10 + i) / 3).collect();
+                let texts: Vec<String> = keys
+                    .iter()
+                    .map(|k| format!("a text longer than twelve bytes {k}"))
+                    .collect();
+                RecordBatch::try_new(
+                    Arc::clone(&schema),
+                    vec![
+                        Arc::new(Int64Array::from(keys)),
+                        Arc::new(StringViewArray::from_iter_values(texts)),
+                    ],
+                )
+                .unwrap()
+            })
+            .collect();
+        let input =
+            MemorySourceConfig::try_new_exec(&[batches], Arc::clone(&schema), None).unwrap();
+        let out_schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Utf8View, false),
+            Field::new("before", DataType::Utf8View, true),
+            Field::new("after", DataType::Utf8View, true),
+        ]));
+        let shift = |offset| Shift::Row {
+            offset,
+            default: ScalarValue::Utf8View(None),
+        };
+        let v = col("v", &schema).unwrap();
+        let exec = KeyWindowExec::new(
+            input,
+            out_schema,
+            vec![col("k", &schema).unwrap()],
+            Vec::new(),
+            vec![(shift(-1), Some(Arc::clone(&v))), (shift(2), Some(v))],
+            None,
+        );
+        let out = collect(Arc::new(exec), Arc::new(TaskContext::default()))
+            .await
+            .unwrap();
+        assert_eq!(out.iter().map(RecordBatch::num_rows).sum::<usize>(), 600);
+        for (i, batch) in out.iter().enumerate() {
+            for c in 1..4 {
+                let buffers = batch.column(c).as_string_view().data_buffers().len();
+                assert!(buffers <= 3, "batch {i}, column {c}: {buffers} buffers");
+            }
+        }
+        // And the answers: key 7 is rows 21-23.
+        let all = arrow::compute::concat_batches(&out[0].schema(), &out).unwrap();
+        let text = |c: usize, row: usize| {
+            let a = all.column(c).as_string_view();
+            a.is_valid(row).then(|| a.value(row).to_string())
+        };
+        let t = |k: i64| Some(format!("a text longer than twelve bytes {k}"));
+        assert_eq!((text(2, 21), text(3, 21)), (None, t(7)));
+        assert_eq!((text(2, 22), text(3, 22)), (t(7), None));
+        assert_eq!((text(2, 23), text(3, 23)), (t(7), None));
     }
 }
