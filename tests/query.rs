@@ -1019,29 +1019,37 @@ fn the_prompt_keeps_its_tables_while_the_archive_is_unchanged_and_sees_new_chang
         );
         assert_eq!(times(&text)[i - 1].contains("tables kept"), kept, "{text}");
     }
+    // The plan shows it: the kept rows, not the Parquet files.
+    say("EXPLAIN SELECT count(*) AS rows, sum(n) AS total FROM public.t;");
+    let text = wait_for("Time: ", 7);
+    let plan = &text[text.rfind("plan_type").expect("the EXPLAIN")..];
+    assert!(
+        plan.contains("partition_sizes=") && !plan.contains("file_type=parquet"),
+        "{plan}"
+    );
     // Settings made at the prompt stay for the statements after them.
     say("SET datafusion.execution.batch_size = 1234;");
-    wait_for("Time: ", 7);
+    wait_for("Time: ", 8);
     say(
         "SELECT value FROM information_schema.df_settings WHERE name = 'datafusion.execution.batch_size';",
     );
-    let text = wait_for("Time: ", 8);
+    let text = wait_for("Time: ", 9);
     assert!(text.contains("value\r\n1234\r\n"), "{text}");
     // A column added (a new schema record, and a change that has it): the
     // next statement sees it, though no log moved.
     add_note_column(root.path(), 4);
     say("SELECT count(*) AS rows, max(note) AS note FROM public.t;");
-    let text = wait_for("Time: ", 9);
+    let text = wait_for("Time: ", 10);
     assert!(text.contains("rows,note\r\n4,added\r\n"), "{text}");
     // Compacted again: the new files are read, not the columns kept from
     // the old ones.
     compact_tiny(root.path());
-    for i in [10, 11] {
+    for i in [11, 12] {
         say("SELECT count(*) AS rows, sum(n) AS total FROM public.t;");
         let text = wait_for("Time: ", i);
         assert_eq!(
             text.matches("rows,total\r\n4,100\r\n").count(),
-            i - 9,
+            i - 10,
             "{text}"
         );
     }

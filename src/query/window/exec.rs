@@ -51,7 +51,7 @@ const IN_PLACE_SORT_BYTES: usize = 256 << 20;
 
 /// Computes `lag`, `lead` and `row_number` over input sorted by the
 /// partition keys (then the order), partitioned on them.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct KeyWindowExec {
     input: Arc<dyn ExecutionPlan>,
     schema: SchemaRef,
@@ -77,21 +77,7 @@ impl KeyWindowExec {
         functions: Vec<(Shift, Option<Arc<dyn PhysicalExpr>>)>,
         order_column: Option<usize>,
     ) -> KeyWindowExec {
-        // Rows leave in the order they came: the input's orderings hold,
-        // unless they are by the order column, which is not passed on.
-        let orderings: Vec<Vec<PhysicalSortExpr>> = match order_column {
-            Some(_) => Vec::new(),
-            None => input
-                .output_ordering()
-                .map(|o| vec![o.iter().cloned().collect()])
-                .unwrap_or_default(),
-        };
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new_with_orderings(Arc::clone(&schema), orderings),
-            input.output_partitioning().clone(),
-            input.pipeline_behavior(),
-            input.boundedness(),
-        );
+        let properties = Self::properties(&input, &schema, order_column);
         KeyWindowExec {
             input,
             schema,
@@ -99,9 +85,31 @@ impl KeyWindowExec {
             order_by,
             functions,
             order_column,
-            properties: Arc::new(properties),
+            properties,
             metrics: ExecutionPlanMetricsSet::new(),
         }
+    }
+
+    /// Rows leave in the order they came: the input's orderings hold,
+    /// unless they are by the order column, which is not passed on.
+    fn properties(
+        input: &Arc<dyn ExecutionPlan>,
+        schema: &SchemaRef,
+        order_column: Option<usize>,
+    ) -> Arc<PlanProperties> {
+        let orderings: Vec<Vec<PhysicalSortExpr>> = match order_column {
+            Some(_) => Vec::new(),
+            None => input
+                .output_ordering()
+                .map(|o| vec![o.iter().cloned().collect()])
+                .unwrap_or_default(),
+        };
+        Arc::new(PlanProperties::new(
+            EquivalenceProperties::new_with_orderings(Arc::clone(schema), orderings),
+            input.output_partitioning().clone(),
+            input.pipeline_behavior(),
+            input.boundedness(),
+        ))
     }
 }
 
@@ -193,25 +201,17 @@ impl ExecutionPlan for KeyWindowExec {
         options: ReplaceChildrenOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let input = only_child(children, "KeyWindowExec")?;
-        Ok(Arc::new(match options.children_properties {
-            ChildrenPropertiesMode::Keep => KeyWindowExec {
-                input,
-                schema: Arc::clone(&self.schema),
-                partition_by: self.partition_by.clone(),
-                order_by: self.order_by.clone(),
-                functions: self.functions.clone(),
-                order_column: self.order_column,
-                properties: Arc::clone(&self.properties),
-                metrics: ExecutionPlanMetricsSet::new(),
-            },
-            ChildrenPropertiesMode::Recompute => KeyWindowExec::new(
-                input,
-                Arc::clone(&self.schema),
-                self.partition_by.clone(),
-                self.order_by.clone(),
-                self.functions.clone(),
-                self.order_column,
-            ),
+        let properties = match options.children_properties {
+            ChildrenPropertiesMode::Keep => Arc::clone(&self.properties),
+            ChildrenPropertiesMode::Recompute => {
+                Self::properties(&input, &self.schema, self.order_column)
+            }
+        };
+        Ok(Arc::new(KeyWindowExec {
+            input,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+            ..KeyWindowExec::clone(&self)
         }))
     }
 

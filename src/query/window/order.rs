@@ -62,7 +62,7 @@ pub(super) fn orderable(data_type: &DataType) -> bool {
 
 /// Appends the order column (see the module doc) to its input, which it
 /// requires partitioned on the keys.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct KeyOrderExec {
     input: Arc<dyn ExecutionPlan>,
     schema: SchemaRef,
@@ -170,13 +170,10 @@ impl ExecutionPlan for KeyOrderExec {
         Ok(Arc::new(match options.children_properties {
             ChildrenPropertiesMode::Keep => KeyOrderExec {
                 input,
-                schema: Arc::clone(&self.schema),
-                keys: self.keys.clone(),
-                order: Arc::clone(&self.order),
-                options: self.options,
-                properties: Arc::clone(&self.properties),
                 metrics: ExecutionPlanMetricsSet::new(),
+                ..KeyOrderExec::clone(&self)
             },
+            // The appended column and the partitioning follow the input.
             ChildrenPropertiesMode::Recompute => KeyOrderExec::new(
                 input,
                 self.keys.clone(),
