@@ -30,7 +30,7 @@ use datafusion::physical_plan::{
 };
 use futures::{Stream, StreamExt};
 
-use super::operator::{only_child, visit};
+use super::operator::{on_keys, only_child, visit};
 
 /// One function of the window, as the operator computes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -142,11 +142,7 @@ impl ExecutionPlan for KeyWindowExec {
     }
 
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
-        InputDistributionRequirements::new(vec![if self.partition_by.is_empty() {
-            Distribution::SinglePartition
-        } else {
-            Distribution::KeyPartitioned(self.partition_by.clone())
-        }])
+        InputDistributionRequirements::new(vec![on_keys(&self.partition_by)])
     }
 
     fn required_input_ordering(&self) -> Vec<Option<OrderingRequirements>> {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{Distribution, ExecutionPlan};
 
 /// `f` on each of `exprs` until it says stop (`apply_expressions`).
 pub(super) fn visit<'a>(
@@ -33,5 +33,15 @@ pub(super) fn only_child(
         n => Err(DataFusionError::Internal(format!(
             "{name} takes one input, not {n}"
         ))),
+    }
+}
+
+/// The input a window operator needs: each key's rows in one partition
+/// (with no keys, every row in one).
+pub(super) fn on_keys(keys: &[Arc<dyn PhysicalExpr>]) -> Distribution {
+    if keys.is_empty() {
+        Distribution::SinglePartition
+    } else {
+        Distribution::KeyPartitioned(keys.to_vec())
     }
 }

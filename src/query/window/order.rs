@@ -42,7 +42,7 @@ use datafusion::physical_plan::{
 };
 use futures::{Stream, StreamExt};
 
-use super::operator::{only_child, visit};
+use super::operator::{on_keys, only_child, visit};
 
 /// The name of the column [`KeyOrderExec`] appends.
 pub(super) const ORDER_COLUMN: &str = "__waltail_key_order";
@@ -143,11 +143,7 @@ impl ExecutionPlan for KeyOrderExec {
     }
 
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
-        InputDistributionRequirements::new(vec![if self.keys.is_empty() {
-            Distribution::SinglePartition
-        } else {
-            Distribution::KeyPartitioned(self.keys.clone())
-        }])
+        InputDistributionRequirements::new(vec![on_keys(&self.keys)])
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
