@@ -93,12 +93,10 @@ async fn default_destination_is_the_local_folder() {
         assert_eq!(thp.split_whitespace().nth(1), Some("0"), "{proc_status}");
     }
     // Under the batch policy (`cli::batch_scheduling`), every thread:
-    // field 41 of /proc/<pid>/task/<tid>/stat, 3 = SCHED_BATCH.
+    // field 41 of /proc/<pid>/task/<tid>/stat is the policy, 3 SCHED_BATCH.
     for task in std::fs::read_dir(format!("/proc/{}/task", w.pid())).unwrap() {
         let stat = std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap();
-        // The fields after the command's closing parenthesis, from field 3.
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        assert_eq!(after.split_whitespace().nth(41 - 3), Some("3"), "{stat}");
+        assert_eq!(proc_stat_field(&stat, 41), Some("3"), "{stat}");
     }
     workload_replays_from_the_folder(&db, &w, &pipeline, 2, 60).await;
     w.stop();

@@ -174,6 +174,15 @@ pub(crate) struct Waltail {
     runs: usize,
 }
 
+/// Field `n` (1-based, as `man 5 proc` numbers them) of a
+/// `/proc/<pid>/stat` or `/proc/<pid>/task/<tid>/stat` text. The command
+/// (field 2) may hold spaces and parentheses, so the fields are counted
+/// from its last closing parenthesis.
+pub(crate) fn proc_stat_field(stat: &str, n: usize) -> Option<&str> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(n.checked_sub(3)?)
+}
+
 pub(crate) fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_waltail")
 }

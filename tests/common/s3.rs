@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
 
-use super::{Object, Waltail};
+use super::{Object, Waltail, proc_stat_field};
 
 /// The bucket and admin keys s3-start.sh uses by default.
 pub(crate) const BUCKET: &str = "waltail-test";
@@ -86,10 +86,7 @@ fn failure(what: &str, out: &Output, root: &Path) -> String {
 fn dead(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state == "Z" || state == "X"),
+        Ok(stat) => proc_stat_field(&stat, 3).is_some_and(|state| state == "Z" || state == "X"),
     }
 }
 
