@@ -30,6 +30,7 @@ mod known;
 pub(crate) mod merge;
 pub(crate) mod output;
 pub(crate) mod providers;
+mod pushdown;
 pub(crate) mod tail;
 mod views;
 mod window;
@@ -364,10 +365,8 @@ pub(crate) fn session(
         .with_default_catalog_and_schema("datafusion", "public");
     // Spans let planning errors say where in the statement they are.
     config.options_mut().sql_parser.collect_spans = true;
-    // Filters evaluated while decoding Parquet: a selective query (a key, a
-    // date range) decodes the other columns only for the rows that match.
-    config.options_mut().execution.parquet.pushdown_filters = true;
-    config.options_mut().execution.parquet.reorder_filters = true;
+    // Filters are evaluated while decoding Parquet scan by scan, where
+    // they select few rows (see [`pushdown`]), not session-wide.
     // But not the filters a top-k or a join derives while it runs: pushed
     // into the Parquet decoding they are evaluated row by row as they
     // tighten, which cost more than they saved (the top 10 by amount of

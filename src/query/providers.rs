@@ -43,6 +43,7 @@ use super::at::AtView;
 use super::catalog::Archive;
 use super::kept::{Budget, KeptTable};
 use super::merge::{Overlay, overlay_schema};
+use super::pushdown::ParquetScan;
 use super::tail::{Bounds, TailKind, TailTable, history_table_schema, typed_changes};
 use super::views::{data_schema, with_views};
 use crate::archive::listing;
@@ -209,7 +210,7 @@ fn parquet_table(
     urls: Vec<String>,
     schema: &Schema,
     partition_by_date: bool,
-) -> DfResult<Arc<ListingTable>> {
+) -> DfResult<Arc<ParquetScan>> {
     let schema = with_views(schema);
     let mut options =
         ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
@@ -223,7 +224,9 @@ fn parquet_table(
     let config = ListingTableConfig::new_with_multi_paths(urls)
         .with_listing_options(options)
         .with_schema(schema);
-    Ok(Arc::new(ListingTable::try_new(config)?))
+    Ok(Arc::new(ParquetScan::new(Arc::new(ListingTable::try_new(
+        config,
+    )?))))
 }
 
 /// The compacted history below `next`: the snapshot's files, each date's
@@ -473,7 +476,7 @@ async fn apply_tail(
 /// The base rows of `keys`, by key.
 async fn base_rows(
     ctx: &SessionContext,
-    base: &Arc<ListingTable>,
+    base: &Arc<ParquetScan>,
     shape: &TableShape,
     keys: HashSet<Box<str>>,
 ) -> Result<HashMap<Box<str>, Vec<Cell>>> {
