@@ -8,9 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use arrow::array::AsArray;
-use arrow::array::{
-    Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
-};
+use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array};
 use arrow::compute::{SortOptions, cast, concat_batches, take};
 use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::ScalarValue;
@@ -30,6 +28,7 @@ use datafusion::physical_plan::{
 };
 use futures::{Stream, StreamExt};
 
+use super::collide;
 use super::operator::{on_keys, only_child, visit};
 
 /// One function of the window, as the operator computes it.
@@ -326,7 +325,7 @@ impl KeyWindowStream {
             (None, None) => return Ok(None),
         };
         let n = buffer.num_rows();
-        let end = if last {
+        let mut end = if last {
             n
         } else {
             n.saturating_sub(self.lookahead)
@@ -335,10 +334,23 @@ impl KeyWindowStream {
             self.buffer = Some(buffer);
             return Ok(None);
         }
-        let part = match self.order_column {
-            Some(i) => numbered_partitions(buffer.column(i))?,
-            None => partition_ids(&buffer, &self.partition_by)?,
+        let (buffer, part) = match self.order_column {
+            Some(i) => {
+                let p = collide::partitions(buffer, i, &self.partition_by, last, self.history)?;
+                if let Some(held) = p.held_from {
+                    end = end.min(held.max(self.history));
+                }
+                (p.rows, p.part)
+            }
+            None => {
+                let part = partition_ids(&buffer, &self.partition_by)?;
+                (buffer, part)
+            }
         };
+        if end <= self.history {
+            self.buffer = Some(buffer);
+            return Ok(None);
+        }
         // Numbered only for a `row_number`: `lag` and `lead` need the
         // partitions alone.
         let numbers = self
@@ -419,37 +431,10 @@ fn carried(rows: &RecordBatch) -> DfResult<RecordBatch> {
 /// Each row's partition, numbered from 0 in the batch: a new number where
 /// any key differs from the row before (nulls equal).
 fn partition_ids(batch: &RecordBatch, keys: &[Arc<dyn PhysicalExpr>]) -> DfResult<Vec<u32>> {
-    let n = batch.num_rows();
-    let mut ids = vec![0u32; n];
-    if n < 2 || keys.is_empty() {
-        return Ok(ids);
-    }
-    let mut changed: Option<BooleanArray> = None;
-    for key in keys {
-        let values = key.evaluate(batch)?.into_array(n)?;
-        let here = arrow::compute::kernels::cmp::distinct(
-            &values.slice(1, n - 1),
-            &values.slice(0, n - 1),
-        )?;
-        changed = Some(match changed {
-            None => here,
-            Some(c) => arrow::compute::or(&c, &here)?,
-        });
-    }
-    let changed = changed.expect("at least one key");
-    for i in 1..n {
-        ids[i] = ids[i - 1] + u32::from(changed.value(i - 1));
-    }
-    Ok(ids)
-}
-
-/// Each row's partition, numbered from 0 in the batch, from the key
-/// numbers of [`super::order::KeyOrderExec`]'s column.
-fn numbered_partitions(column: &ArrayRef) -> DfResult<Vec<u32>> {
-    let numbers = super::order::order_key_numbers(column)?;
-    let mut ids = vec![0u32; numbers.len()];
-    for i in 1..numbers.len() {
-        ids[i] = ids[i - 1] + u32::from(numbers[i] != numbers[i - 1]);
+    let changes = collide::key_changes(batch, keys)?;
+    let mut ids = vec![0u32; changes.len()];
+    for i in 1..changes.len() {
+        ids[i] = ids[i - 1] + u32::from(changes[i]);
     }
     Ok(ids)
 }

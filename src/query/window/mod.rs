@@ -23,9 +23,12 @@
 //! so DataFusion adds the same sort and repartitioning. When the order is
 //! one integer, date or timestamp, the sort is by one number per row
 //! instead ([`order`]: the key's number, then the value), which DataFusion
-//! sorts several times faster. Any other window is left to DataFusion. Memory: an input batch and at most
-//! [`MAX_OFFSET`] rows on each side of it, whatever a partition's size.
+//! sorts several times faster. Any other window is left to DataFusion.
+//! Memory: an input batch and at most [`MAX_OFFSET`] rows on each side of
+//! it, whatever a partition's size; with the sort by number, also the rows
+//! of keys whose numbers collide (see [`collide`]), until they are read.
 
+mod collide;
 mod exec;
 mod operator;
 mod order;
@@ -543,6 +546,42 @@ mod tests {
                 "{sql}\n{p}"
             );
         }
+    }
+
+    /// Keys that share a number (all of them, or two to four groups of
+    /// them) answer as they do apart: each key's rows are put together
+    /// again, also across batches (of 5 rows here) and with rows held back
+    /// for a `lead` or kept for a `lag` of 1,024.
+    #[tokio::test]
+    async fn keys_that_share_a_number_answer_as_apart() {
+        use std::sync::atomic::Ordering;
+
+        let (reference, ours) = contexts();
+        let queries = [
+            "SELECT s, k1, x, lag(x) OVER (PARTITION BY k1 ORDER BY s) AS a, \
+             lead(x) OVER (PARTITION BY k1 ORDER BY s) AS b, \
+             row_number() OVER (PARTITION BY k1 ORDER BY s) AS c FROM t ORDER BY s",
+            "SELECT s, lag(x, 3, -1) OVER w AS a, lead(x, 2, 7) OVER w AS b, \
+             lag(t) OVER w AS c, lead(t, 4, 'none') OVER w AS d, row_number() OVER w AS e \
+             FROM t WINDOW w AS (PARTITION BY k1, k2 ORDER BY s DESC) ORDER BY s",
+            "SELECT s, lag(s, 1024) OVER (PARTITION BY k2 ORDER BY s) AS a, \
+             lead(s, 3) OVER (PARTITION BY k2 ORDER BY s) AS b FROM t ORDER BY s",
+            "SELECT count(*), sum(gap), max(gap) FROM (SELECT s - lag(s) OVER \
+             (PARTITION BY upper(k1) ORDER BY s) AS gap FROM t) g WHERE gap IS NOT NULL",
+        ];
+        for bits in [0, 1, 3] {
+            order::TEST_NUMBER_BITS.store(bits, Ordering::Relaxed);
+            for sql in queries {
+                let p = plan(&ours, sql).await;
+                assert!(p.contains("KeyOrderExec"), "{sql}\n{p}");
+                assert_eq!(
+                    text(&ours, sql).await,
+                    text(&reference, sql).await,
+                    "{bits} {sql}"
+                );
+            }
+        }
+        order::TEST_NUMBER_BITS.store(order::NUMBER_BITS, Ordering::Relaxed);
     }
 
     /// What the operator does not compute stays with DataFusion, with the
