@@ -60,27 +60,56 @@ const GONE: RowId = RowId::MAX - 1;
 /// Bits of a key's length in [`KeyRows`]' place of it.
 const LEN_BITS: u32 = 24;
 
+/// The longest key [`KeyRows`] holds in its table rather than its arena.
+const INLINE: usize = 15;
+
+/// The first byte of a [`Stored`] key that lives in the arena: no inline
+/// key's length.
+const IN_ARENA: u8 = 0xFF;
+
+/// A key in [`KeyRows`]' table: up to [`INLINE`] bytes after their length,
+/// zero-padded, or [`IN_ARENA`] and then its place in the arena (the key's
+/// offset << [`LEN_BITS`] | its length). Two inline keys are equal exactly
+/// when their 16 bytes are.
+type Stored = [u8; 16];
+
+/// `key` inline, if it is short enough.
+fn inline(key: &[u8]) -> Option<Stored> {
+    (key.len() <= INLINE).then(|| {
+        let mut stored = [0u8; 16];
+        stored[0] = key.len() as u8;
+        stored[1..=key.len()].copy_from_slice(key);
+        stored
+    })
+}
+
 /// Every key seen up to a seq, with the history row of its version (or
-/// [`GONE`]). The keys' bytes are kept one after another in an arena and
-/// the table holds 16 bytes per key: the map is most of a rebuild's
-/// memory, and memory first touched costs a page fault a page.
+/// [`GONE`]). A key of up to [`INLINE`] bytes is held in the table entry
+/// itself (24 bytes with its row), so looking it up reads one place in
+/// memory; a longer one is kept in an arena, its bytes one after another.
+/// The map is most of a rebuild's memory, and memory first touched costs
+/// a page fault a page.
 struct KeyRows {
     arena: Vec<u8>,
-    /// (the key's offset in `arena` << [`LEN_BITS`] | its length, row)
-    table: HashTable<(u64, RowId)>,
+    table: HashTable<(Stored, RowId)>,
     hasher: foldhash::fast::RandomState,
 }
 
 impl KeyRows {
     fn with_capacity(keys: usize) -> KeyRows {
         KeyRows {
-            arena: Vec::with_capacity(keys.saturating_mul(16)),
+            arena: Vec::new(),
             table: HashTable::with_capacity(keys),
             hasher: foldhash::fast::RandomState::default(),
         }
     }
 
-    fn key(arena: &[u8], place: u64) -> &[u8] {
+    /// The bytes of a stored key.
+    fn key<'a>(arena: &'a [u8], stored: &'a Stored) -> &'a [u8] {
+        if stored[0] != IN_ARENA {
+            return &stored[1..=stored[0] as usize];
+        }
+        let place = u64::from_le_bytes(stored[8..].try_into().expect("8 bytes"));
         let (offset, len) = (
             (place >> LEN_BITS) as usize,
             (place & ((1 << LEN_BITS) - 1)) as usize,
@@ -92,25 +121,38 @@ impl KeyRows {
     fn slot(&mut self, key: &str) -> Result<&mut RowId> {
         let key = key.as_bytes();
         let hash = self.hasher.hash_one(key);
+        let short = inline(key);
         let (arena, hasher) = (&self.arena, &self.hasher);
         let entry = self.table.entry(
             hash,
-            |(place, _)| Self::key(arena, *place) == key,
-            |(place, _)| hasher.hash_one(Self::key(arena, *place)),
+            |(stored, _)| match &short {
+                Some(short) => stored == short,
+                None => stored[0] == IN_ARENA && Self::key(arena, stored) == key,
+            },
+            |(stored, _)| hasher.hash_one(Self::key(arena, stored)),
         );
         match entry {
             hashbrown::hash_table::Entry::Occupied(e) => Ok(&mut e.into_mut().1),
             hashbrown::hash_table::Entry::Vacant(e) => {
-                let offset = self.arena.len() as u64;
-                if key.len() as u64 >= 1 << LEN_BITS || offset >= 1 << (64 - LEN_BITS) {
-                    return Err(Error::fatal(
-                        "the keys up to the seq do not fit in memory (a key of 16 MiB, or 1 TiB of keys)",
-                        "query a later seq",
-                    ));
-                }
-                self.arena.extend_from_slice(key);
-                let place = (offset << LEN_BITS) | key.len() as u64;
-                Ok(&mut e.insert((place, GONE)).into_mut().1)
+                let stored = match short {
+                    Some(short) => short,
+                    None => {
+                        let offset = self.arena.len() as u64;
+                        if key.len() as u64 >= 1 << LEN_BITS || offset >= 1 << (64 - LEN_BITS) {
+                            return Err(Error::fatal(
+                                "the keys up to the seq do not fit in memory (a key of 16 MiB, or 1 TiB of keys)",
+                                "query a later seq",
+                            ));
+                        }
+                        self.arena.extend_from_slice(key);
+                        let mut stored = [0u8; 16];
+                        stored[0] = IN_ARENA;
+                        let place = (offset << LEN_BITS) | key.len() as u64;
+                        stored[8..].copy_from_slice(&place.to_le_bytes());
+                        stored
+                    }
+                };
+                Ok(&mut e.insert((stored, GONE)).into_mut().1)
             }
         }
     }
@@ -312,5 +354,41 @@ impl Versions {
     /// Whether a live version takes a column read from another row.
     pub(super) fn any_carried(&self) -> bool {
         !self.carried.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_short_and_long_are_told_apart_and_found_again() {
+        let keys = [
+            "",
+            "{\"id\":1}",
+            "{\"id\":262681}",
+            "fifteen bytes..",
+            "fifteen bytes...",
+            "sixteen bytes...",
+            "sixteen bytes..!",
+            "a key well over fifteen bytes, in the arena",
+        ];
+        let mut map = KeyRows::with_capacity(2);
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(*map.slot(k).unwrap(), GONE, "{k} is new");
+            *map.slot(k).unwrap() = i as RowId;
+        }
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(*map.slot(k).unwrap(), i as RowId, "{k}");
+        }
+        let mut live: Vec<RowId> = map.live().collect();
+        live.sort_unstable();
+        assert_eq!(live, (0..keys.len() as RowId).collect::<Vec<_>>());
+        // The table grew past its capacity: every key was hashed again
+        // from where it is kept.
+        assert_eq!(*map.slot("{\"id\":262681}").unwrap(), 2);
+        map.clear();
+        assert_eq!(map.live().count(), 0);
+        assert_eq!(*map.slot("sixteen bytes...").unwrap(), GONE);
     }
 }
