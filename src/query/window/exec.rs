@@ -330,10 +330,6 @@ impl KeyWindowStream {
         } else {
             n.saturating_sub(self.lookahead)
         };
-        if end <= self.history {
-            self.buffer = Some(buffer);
-            return Ok(None);
-        }
         let (buffer, part) = match self.order_column {
             Some(i) => {
                 let p = collide::partitions(buffer, i, &self.partition_by, last, self.history)?;
@@ -347,6 +343,8 @@ impl KeyWindowStream {
                 (buffer, part)
             }
         };
+        // Nothing new to emit: every row is held for a `lead`, or for a
+        // run of keys that share a number (see [`collide`]).
         if end <= self.history {
             self.buffer = Some(buffer);
             return Ok(None);
