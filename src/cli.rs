@@ -370,9 +370,10 @@ pub fn main() -> ExitCode {
     if matches!(cli.command, Command::Run { .. }) {
         batch_scheduling();
     }
+    let is_query = matches!(cli.command, Command::Query { .. });
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     #[cfg(feature = "lakehouse")]
-    if matches!(cli.command, Command::Query { .. }) {
+    if is_query {
         // A query over a local folder reads every file through blocking
         // threads (object_store's LocalFileSystem); left at tokio's 512, a
         // query of 16 Parquet files started 14 of them, each with its own
@@ -461,7 +462,15 @@ pub fn main() -> ExitCode {
         }
     });
     no_purge_at_exit();
-    drop(runtime);
+    if is_query {
+        // A query has printed its result and written what it keeps
+        // (synchronously): nothing of it is left running that the process
+        // must wait for, and waiting for the runtime's threads to stop one
+        // by one took 0.3-0.5 ms of a short query's process.
+        runtime.shutdown_background();
+    } else {
+        drop(runtime);
+    }
     match result {
         Ok(code) => code,
         Err(e) => {
