@@ -147,6 +147,15 @@ impl Location {
         &self.base
     }
 
+    /// The archive root's local folder (with the prefix), if it is one.
+    pub fn folder(&self) -> Option<std::path::PathBuf> {
+        if self.base.scheme() == "file" {
+            self.base.to_file_path().ok()
+        } else {
+            None
+        }
+    }
+
     /// The URL of the table of `shape` in `role`, ending in `/`.
     pub fn table_url(&self, role: Role, dir: &str) -> Result<Url> {
         self.base

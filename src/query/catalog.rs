@@ -134,6 +134,7 @@ impl Archive {
         previous: &Previous<'_>,
     ) -> Result<Archive> {
         let started = std::time::Instant::now();
+        let folder = loc.folder();
         let no_schemas = SchemaObjects::default();
         let unchanged = match (previous.shapes, previous.entries) {
             (Some(shapes), Some(entries)) => Some((shapes, entries)),
@@ -159,9 +160,15 @@ impl Archive {
                 match unchanged {
                     Some((shapes, entries)) => {
                         let resume = resume_at(at, entries, shapes.keys());
-                        list(store.as_ref(), prefix, pipeline, resume.as_ref())
-                            .await
-                            .map(Some)
+                        list(
+                            store.as_ref(),
+                            prefix,
+                            pipeline,
+                            resume.as_ref(),
+                            folder.as_deref(),
+                        )
+                        .await
+                        .map(Some)
                     }
                     None => Ok(None),
                 }
@@ -185,7 +192,14 @@ impl Archive {
                 )
                 .await?;
                 let resume = resume_at(at, &compacted, shapes.keys());
-                let objects = list(store.as_ref(), prefix, pipeline, resume.as_ref()).await?;
+                let objects = list(
+                    store.as_ref(),
+                    prefix,
+                    pipeline,
+                    resume.as_ref(),
+                    folder.as_deref(),
+                )
+                .await?;
                 (compacted, logs_read, objects)
             }
         };
@@ -241,6 +255,7 @@ impl Archive {
                     self.store.as_ref(),
                     self.prefix.as_deref(),
                     &self.pipeline,
+                    None,
                     None,
                 )
                 .await
@@ -402,8 +417,9 @@ async fn list(
     prefix: Option<&str>,
     pipeline: &str,
     from: Option<&Resume>,
+    folder: Option<&std::path::Path>,
 ) -> Result<Vec<Object>> {
-    let listed = listing::list_archive(store, prefix, pipeline, from).await?;
+    let listed = listing::list_archive(store, prefix, pipeline, from, folder).await?;
     Ok(dedupe(
         listed
             .into_iter()
