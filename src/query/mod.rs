@@ -25,6 +25,7 @@
 mod at;
 pub(crate) mod catalog;
 mod early;
+mod fanout;
 mod kept;
 mod known;
 pub(crate) mod merge;
@@ -382,6 +383,8 @@ pub(crate) fn session(
             .with_config(config)
             .with_default_features(),
     )
+    // Groupings of many groups in cache-sized parts (see [`fanout`]).
+    .with_physical_optimizer_rule(Arc::new(fanout::GroupFanOut))
     .build();
     let ctx = SessionContext::new_with_state(state);
     let url = ObjectStoreUrl::parse(ARCHIVE_URL).expect("a valid URL");
