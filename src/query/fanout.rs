@@ -185,11 +185,11 @@ mod tests {
     use arrow::array::{Int64Array, RecordBatch};
     use arrow::datatypes::{DataType, Field, Schema};
     use datafusion::execution::session_state::SessionStateBuilder;
-    use datafusion::physical_plan::displayable;
     use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
     use parquet::arrow::ArrowWriter;
 
     use super::*;
+    use crate::query::plans::plan_and_answer;
 
     /// `t (id, v)` in a Parquet file: ids 0 to 199,999 (each twice), and
     /// `v` from 0 to 9; in two sessions of two cores, one with the rule.
@@ -233,19 +233,6 @@ mod tests {
         }
         let with = contexts.pop().unwrap();
         (contexts.pop().unwrap(), with, dir)
-    }
-
-    /// The physical plan of `sql` in `ctx`, and its answer.
-    async fn plan_and_answer(ctx: &SessionContext, sql: &str) -> (String, String) {
-        let df = ctx.sql(sql).await.unwrap();
-        let plan = df.clone().create_physical_plan().await.unwrap();
-        let batches = df.collect().await.unwrap();
-        (
-            displayable(plan.as_ref()).indent(true).to_string(),
-            arrow::util::pretty::pretty_format_batches(&batches)
-                .unwrap()
-                .to_string(),
-        )
     }
 
     /// A grouping by a column whose statistics span 200,000 values is split

@@ -30,6 +30,8 @@ mod kept;
 mod known;
 pub(crate) mod merge;
 pub(crate) mod output;
+#[cfg(test)]
+mod plans;
 pub(crate) mod providers;
 mod pushdown;
 pub(crate) mod tail;

@@ -151,11 +151,11 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema};
     use datafusion::datasource::file_format::parquet::ParquetFormat;
     use datafusion::datasource::listing::{ListingOptions, ListingTableConfig, ListingTableUrl};
-    use datafusion::physical_plan::displayable;
     use datafusion::prelude::{SessionContext, col, in_list, lit};
     use parquet::arrow::ArrowWriter;
 
     use super::*;
+    use crate::query::plans::plan_and_answer;
 
     /// `t (id, status)`: 1,000 rows of one Parquet file as a [`ParquetScan`],
     /// in a session that does not evaluate filters while decoding (as
@@ -197,19 +197,6 @@ mod tests {
         );
         ctx.register_table("t", Arc::new(table)).unwrap();
         (ctx, dir)
-    }
-
-    /// The physical plan of `sql`, and its answer.
-    async fn plan_and_answer(ctx: &SessionContext, sql: &str) -> (String, String) {
-        let df = ctx.sql(sql).await.unwrap();
-        let plan = df.clone().create_physical_plan().await.unwrap();
-        let batches = df.collect().await.unwrap();
-        (
-            displayable(plan.as_ref()).indent(true).to_string(),
-            arrow::util::pretty::pretty_format_batches(&batches)
-                .unwrap()
-                .to_string(),
-        )
     }
 
     #[tokio::test]
