@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::array::make_comparator;
+use arrow::array::{Array, AsArray, make_comparator};
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow::compute::{SortOptions, take_record_batch};
 use arrow::row::{RowConverter, SortField};
@@ -100,6 +100,26 @@ fn changes_where(
     let mut changes = vec![false; n];
     for key in keys {
         let values = key.evaluate(rows)?.into_array(n)?;
+        if let Some(views) = values.as_string_view_opt() {
+            view_changes(
+                views.views(),
+                views.data_buffers(),
+                views.nulls(),
+                &mut changes,
+                &compare,
+            );
+            continue;
+        }
+        if let Some(views) = values.as_binary_view_opt() {
+            view_changes(
+                views.views(),
+                views.data_buffers(),
+                views.nulls(),
+                &mut changes,
+                &compare,
+            );
+            continue;
+        }
         let cmp = make_comparator(&values, &values, SortOptions::default())?;
         for (i, changed) in changes.iter_mut().enumerate().skip(1) {
             if !*changed && compare(i) {
@@ -108,6 +128,76 @@ fn changes_where(
         }
     }
     Ok(changes)
+}
+
+/// How many rows ahead [`view_changes`] asks for a key's bytes.
+const AHEAD: usize = 16;
+
+/// [`changes_where`] for one key of string or binary views. The rows come
+/// sorted by number, so a key's bytes (those past the 12 a view holds
+/// itself) lie wherever the Parquet decoding put them: reading them is a
+/// cache miss a row, one after another. This asks the processor for the
+/// bytes [`AHEAD`] rows before they are compared, so the misses overlap.
+/// Equal views are equal keys when the bytes are inline; otherwise the
+/// lengths and 4-byte prefixes the views hold decide most inequalities
+/// before the bytes are read.
+fn view_changes(
+    views: &[u128],
+    buffers: &[arrow::buffer::Buffer],
+    nulls: Option<&arrow::buffer::NullBuffer>,
+    changes: &mut [bool],
+    compare: &impl Fn(usize) -> bool,
+) {
+    let bytes = |view: u128| -> &[u8] {
+        let len = view as u32 as usize;
+        if len <= 12 {
+            return &[];
+        }
+        let buffer = (view >> 64) as u32 as usize;
+        let offset = (view >> 96) as u32 as usize;
+        &buffers[buffer][offset..offset + len]
+    };
+    let valid = |i: usize| nulls.is_none_or(|n| n.is_valid(i));
+    for i in 1..changes.len() {
+        if let Some(&ahead) = views.get(i + AHEAD) {
+            prefetch(bytes(ahead));
+        }
+        if changes[i] || !compare(i) {
+            continue;
+        }
+        changes[i] = match (valid(i), valid(i - 1)) {
+            (true, true) => {
+                let (a, b) = (views[i], views[i - 1]);
+                // Length and prefix (the low 64 bits), then the inline
+                // bytes or the buffer's.
+                if a as u64 != b as u64 {
+                    true
+                } else if a as u32 <= 12 {
+                    a != b
+                } else {
+                    bytes(a) != bytes(b)
+                }
+            }
+            (a, b) => a != b,
+        };
+    }
+}
+
+/// Asks the processor to bring `bytes` into its cache.
+#[inline]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if !bytes.is_empty() {
+        // SAFETY: a prefetch reads nothing the program sees and cannot
+        // fault; the pointer is into a live buffer.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                bytes.as_ptr().cast(),
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }
 
 /// The runs of one number in which the key changes.
@@ -179,4 +269,71 @@ fn regroup(
         ));
     }
     Ok(take_record_batch(rows, &UInt32Array::from(order))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{BinaryViewArray, StringViewArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_expr::expressions::Column;
+
+    use super::*;
+
+    /// The views' comparison says what arrow's comparator says, for keys
+    /// inline and not, sharing a length and a prefix or not, and nulls.
+    #[test]
+    fn view_keys_change_where_the_comparator_says() {
+        let values = [
+            None,
+            None,
+            Some("a"),
+            Some("a"),
+            Some("{\"id\":262681}"),
+            Some("{\"id\":262681}"),
+            Some("{\"id\":262682}"),
+            Some("{\"id\":26268}"),
+            Some("{\"id\":26268}"),
+            Some("a long key of thirty-odd bytes, one"),
+            Some("a long key of thirty-odd bytes, two"),
+            Some("a long key of thirty-odd bytes, two"),
+            None,
+            Some(""),
+            Some(""),
+            Some("twelve bytes"),
+            Some("twelve bytez"),
+        ];
+        let text: ArrayRef = Arc::new(StringViewArray::from(values.to_vec()));
+        let binary: ArrayRef = Arc::new(BinaryViewArray::from(
+            values
+                .iter()
+                .map(|v| v.map(str::as_bytes))
+                .collect::<Vec<_>>(),
+        ));
+        for array in [text, binary] {
+            let schema = Arc::new(Schema::new(vec![Field::new(
+                "k",
+                array.data_type().clone(),
+                true,
+            )]));
+            assert!(matches!(
+                array.data_type(),
+                DataType::Utf8View | DataType::BinaryView
+            ));
+            let rows = RecordBatch::try_new(schema, vec![Arc::clone(&array)]).unwrap();
+            let keys: Vec<Arc<dyn PhysicalExpr>> = vec![Arc::new(Column::new("k", 0))];
+            let cmp = make_comparator(&array, &array, SortOptions::default()).unwrap();
+            let expected: Vec<bool> = (0..values.len())
+                .map(|i| i > 0 && cmp(i, i - 1).is_ne())
+                .collect();
+            assert_eq!(key_changes(&rows, &keys).unwrap(), expected);
+            // Compared only where asked.
+            let odd = changes_where(&rows, &keys, |i| i % 2 == 1).unwrap();
+            let expected_odd: Vec<bool> = expected
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| c && i % 2 == 1)
+                .collect();
+            assert_eq!(odd, expected_odd);
+        }
+    }
 }
