@@ -18,9 +18,10 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray, make_comparator};
+use arrow::array::{Array, AsArray, GenericByteViewArray, make_comparator};
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow::compute::{SortOptions, take_record_batch};
+use arrow::datatypes::{ByteViewType, DataType};
 use arrow::row::{RowConverter, SortField};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::physical_expr::PhysicalExpr;
@@ -100,24 +101,13 @@ fn changes_where(
     let mut changes = vec![false; n];
     for key in keys {
         let values = key.evaluate(rows)?.into_array(n)?;
-        if let Some(views) = values.as_string_view_opt() {
-            view_changes(
-                views.views(),
-                views.data_buffers(),
-                views.nulls(),
-                &mut changes,
-                &compare,
-            );
-            continue;
-        }
-        if let Some(views) = values.as_binary_view_opt() {
-            view_changes(
-                views.views(),
-                views.data_buffers(),
-                views.nulls(),
-                &mut changes,
-                &compare,
-            );
+        let views = match values.data_type() {
+            DataType::Utf8View => Some(ViewKeys::of(values.as_string_view())),
+            DataType::BinaryView => Some(ViewKeys::of(values.as_binary_view())),
+            _ => None,
+        };
+        if let Some(views) = views {
+            view_changes(&views, &mut changes, &compare);
             continue;
         }
         let cmp = make_comparator(&values, &values, SortOptions::default())?;
@@ -128,6 +118,24 @@ fn changes_where(
         }
     }
     Ok(changes)
+}
+
+/// A key column of string or binary views, as [`view_changes`] reads it.
+#[derive(Clone, Copy)]
+struct ViewKeys<'a> {
+    views: &'a [u128],
+    buffers: &'a [arrow::buffer::Buffer],
+    nulls: Option<&'a arrow::buffer::NullBuffer>,
+}
+
+impl<'a> ViewKeys<'a> {
+    fn of<T: ByteViewType + ?Sized>(array: &'a GenericByteViewArray<T>) -> Self {
+        ViewKeys {
+            views: array.views(),
+            buffers: array.data_buffers(),
+            nulls: array.nulls(),
+        }
+    }
 }
 
 /// How many rows ahead [`view_changes`] asks for a key's bytes.
@@ -141,13 +149,12 @@ const AHEAD: usize = 16;
 /// Equal views are equal keys when the bytes are inline; otherwise the
 /// lengths and 4-byte prefixes the views hold decide most inequalities
 /// before the bytes are read.
-fn view_changes(
-    views: &[u128],
-    buffers: &[arrow::buffer::Buffer],
-    nulls: Option<&arrow::buffer::NullBuffer>,
-    changes: &mut [bool],
-    compare: &impl Fn(usize) -> bool,
-) {
+fn view_changes(keys: &ViewKeys<'_>, changes: &mut [bool], compare: &impl Fn(usize) -> bool) {
+    let ViewKeys {
+        views,
+        buffers,
+        nulls,
+    } = *keys;
     let bytes = |view: u128| -> &[u8] {
         let len = view as u32 as usize;
         if len <= 12 {
