@@ -202,38 +202,23 @@ const MI_DEFAULT_PURGE_DELAY: std::ffi::c_long = 1000;
 /// at its peak stays its own until it ends, which is soon). A
 /// `MIMALLOC_PURGE_DELAY` the user set wins; so does an allocator whose
 /// option 15 is not the purge delay (another mimalloc version).
+///
+/// Every command also calls it once its work is done: at exit mimalloc
+/// otherwise hands back every page it holds, one `madvise` per range (35
+/// for a small query), memory the kernel takes back with the whole process
+/// a moment later anyway. `perf record` of `waltail query` on the benchmark
+/// archive of `scripts/bench-query.sh`: a tenth of a small query's process
+/// went to that purge.
 fn keep_freed_memory() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
         return;
     }
-    // SAFETY: called before the runtime starts any thread; both functions
-    // take and return plain integers.
+    // SAFETY: both functions take and return plain integers. Called before
+    // the runtime starts any thread, or after its work has returned and its
+    // threads are idle (a purge running then reads the option as either
+    // value, both valid).
     unsafe {
         if libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) == MI_DEFAULT_PURGE_DELAY {
-            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1);
-        }
-    }
-}
-
-/// Tells mimalloc, once a command's work is done, to return no more memory
-/// to the OS: at exit it otherwise hands back every page it holds, one
-/// `madvise` per range (35 for a small query), memory the kernel takes back
-/// with the whole process a moment later anyway. `perf record` of
-/// `waltail query` on the benchmark archive of `scripts/bench-query.sh`:
-/// a tenth of a small query's process went to that purge. A
-/// `MIMALLOC_PURGE_DELAY` the user set wins, as in [`keep_freed_memory`].
-fn no_purge_at_exit() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
-        return;
-    }
-    // SAFETY: both functions take and return plain integers. The runtime's
-    // threads are idle (its work has returned); a purge running at the same
-    // time reads the option as either value, both of them valid.
-    unsafe {
-        if matches!(
-            libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY),
-            MI_DEFAULT_PURGE_DELAY | -1
-        ) {
             libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1);
         }
     }
@@ -461,7 +446,7 @@ pub fn main() -> ExitCode {
             }
         }
     });
-    no_purge_at_exit();
+    keep_freed_memory();
     if is_query {
         // A query has printed its result and written what it keeps
         // (synchronously): nothing of it is left running that the process

@@ -18,8 +18,10 @@
 //! set up, sort and merge (1-3 ms more for a grouping by status or by day
 //! and operation in 64 parts). So a grouping is split wider only when the
 //! statistics of its input bound the groups it can have, and that bound is
-//! large: a group column of integers (or dates, times) whose smallest and
-//! largest values span more than a part's share. Text columns have no such
+//! large: a group column of numbers, dates or timestamps whose smallest
+//! and largest values span more than a part's share. A span bounds the
+//! groups, it does not count them: a timestamp column of few values far
+//! apart is split wide too, for the milliseconds above. Text columns have no such
 //! bound in the statistics, and are left as they are.
 //!
 //! Only the hash split before a final grouping changes, and only where the

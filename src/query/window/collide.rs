@@ -101,41 +101,20 @@ fn changes_where(
     let mut changes = vec![false; n];
     for key in keys {
         let values = key.evaluate(rows)?.into_array(n)?;
-        let views = match values.data_type() {
-            DataType::Utf8View => Some(ViewKeys::of(values.as_string_view())),
-            DataType::BinaryView => Some(ViewKeys::of(values.as_binary_view())),
-            _ => None,
-        };
-        if let Some(views) = views {
-            view_changes(&views, &mut changes, &compare);
-            continue;
-        }
-        let cmp = make_comparator(&values, &values, SortOptions::default())?;
-        for (i, changed) in changes.iter_mut().enumerate().skip(1) {
-            if !*changed && compare(i) {
-                *changed = cmp(i, i - 1).is_ne();
+        match values.data_type() {
+            DataType::Utf8View => view_changes(values.as_string_view(), &mut changes, &compare),
+            DataType::BinaryView => view_changes(values.as_binary_view(), &mut changes, &compare),
+            _ => {
+                let cmp = make_comparator(&values, &values, SortOptions::default())?;
+                for (i, changed) in changes.iter_mut().enumerate().skip(1) {
+                    if !*changed && compare(i) {
+                        *changed = cmp(i, i - 1).is_ne();
+                    }
+                }
             }
         }
     }
     Ok(changes)
-}
-
-/// A key column of string or binary views, as [`view_changes`] reads it.
-#[derive(Clone, Copy)]
-struct ViewKeys<'a> {
-    views: &'a [u128],
-    buffers: &'a [arrow::buffer::Buffer],
-    nulls: Option<&'a arrow::buffer::NullBuffer>,
-}
-
-impl<'a> ViewKeys<'a> {
-    fn of<T: ByteViewType + ?Sized>(array: &'a GenericByteViewArray<T>) -> Self {
-        ViewKeys {
-            views: array.views(),
-            buffers: array.data_buffers(),
-            nulls: array.nulls(),
-        }
-    }
 }
 
 /// How many rows ahead [`view_changes`] asks for a key's bytes.
@@ -149,12 +128,12 @@ const AHEAD: usize = 16;
 /// Equal views are equal keys when the bytes are inline; otherwise the
 /// lengths and 4-byte prefixes the views hold decide most inequalities
 /// before the bytes are read.
-fn view_changes(keys: &ViewKeys<'_>, changes: &mut [bool], compare: &impl Fn(usize) -> bool) {
-    let ViewKeys {
-        views,
-        buffers,
-        nulls,
-    } = *keys;
+fn view_changes<T: ByteViewType + ?Sized>(
+    keys: &GenericByteViewArray<T>,
+    changes: &mut [bool],
+    compare: &impl Fn(usize) -> bool,
+) {
+    let (views, buffers) = (keys.views(), keys.data_buffers());
     let bytes = |view: u128| -> &[u8] {
         let len = view as u32 as usize;
         if len <= 12 {
@@ -164,7 +143,7 @@ fn view_changes(keys: &ViewKeys<'_>, changes: &mut [bool], compare: &impl Fn(usi
         let offset = (view >> 96) as u32 as usize;
         &buffers[buffer][offset..offset + len]
     };
-    let valid = |i: usize| nulls.is_none_or(|n| n.is_valid(i));
+    let valid = |i: usize| keys.is_valid(i);
     for i in 1..changes.len() {
         if let Some(&ahead) = views.get(i + AHEAD) {
             prefetch(bytes(ahead));
