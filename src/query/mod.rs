@@ -23,6 +23,7 @@
 //! snapshot is the same (see [`early`]).
 
 mod at;
+mod branches;
 pub(crate) mod catalog;
 mod early;
 mod fanout;
@@ -387,6 +388,10 @@ pub(crate) fn session(
     )
     // Groupings of many groups in cache-sized parts (see [`fanout`]).
     .with_physical_optimizer_rule(Arc::new(fanout::GroupFanOut))
+    // A grouping's first step per union branch, without the keys the
+    // branch holds constant (see [`branches`]); after the fan-out, which
+    // reads the first step's input.
+    .with_physical_optimizer_rule(Arc::new(branches::BranchGrouping))
     .build();
     let ctx = SessionContext::new_with_state(state);
     let url = ObjectStoreUrl::parse(ARCHIVE_URL).expect("a valid URL");
