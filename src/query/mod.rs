@@ -27,6 +27,7 @@ mod branches;
 pub(crate) mod catalog;
 mod early;
 mod fanout;
+mod inline;
 mod kept;
 mod known;
 pub(crate) mod merge;
@@ -52,11 +53,12 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::DFParserBuilder;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
+use object_store::ObjectStore;
 
 use self::catalog::{Archive, At, Previous};
 use self::known::Known;
 use self::output::{Format, Written};
-use crate::config::Config;
+use crate::config::{Config, DestinationConfig};
 use crate::lakehouse::delta::Location;
 use crate::lakehouse::session::ARCHIVE_URL;
 use crate::sink::Sink;
@@ -81,6 +83,9 @@ pub(crate) struct Options {
 /// What every statement of one invocation shares.
 pub(crate) struct Query {
     sink: Sink,
+    /// The store the query reads: the sink's, or for a local folder one
+    /// whose small reads are done in place (see [`inline`]).
+    store: Arc<dyn ObjectStore>,
     loc: Location,
     pipeline: String,
     at: Option<At>,
@@ -123,7 +128,15 @@ impl Query {
             crate::lakehouse::store_retry(),
         )?;
         let loc = Location::new(&config.destination, sink.store())?;
+        let store: Arc<dyn ObjectStore> = match &config.destination {
+            DestinationConfig::File { path, .. } => Arc::new(
+                inline::InlineReads::new(path)
+                    .map_err(|e| Error::store("open", path.display().to_string(), e))?,
+            ),
+            DestinationConfig::S3(_) => Arc::clone(sink.store()),
+        };
         Ok(Query {
+            store,
             known: Known::new(&config.state_dir, &config.pipeline, loc.url()),
             loc,
             sink,
@@ -162,7 +175,7 @@ impl Query {
             }
         };
         let archive = Archive::load(
-            Arc::clone(self.sink.store()),
+            Arc::clone(&self.store),
             &self.loc,
             self.sink.prefix(),
             &self.pipeline,
