@@ -3,10 +3,11 @@
 //!
 //! object_store's `LocalFileSystem` hands every read to tokio's pool of
 //! blocking threads: a range read is two hand-offs (the open and the stat,
-//! then the read), a file's metadata one, and each opens the file anew. A
-//! query of the latest view's 16 files made about 75 of them, each a
-//! thread woken and a worker waiting for it, for reads the page cache
-//! answers in microseconds. Here a read of up to [`INLINE`] bytes is done
+//! then the read), a file's metadata one, and each opens the file anew:
+//! a thread woken and a worker waiting for it, for reads the page cache
+//! answers in microseconds. A count over the latest view's 17 files made
+//! 124 `futex` calls, 54 with the reads done in place (`strace -f -c`; 17
+//! metadata reads, 34 range reads). Here a read of up to [`INLINE`] bytes is done
 //! in place: open, stat, `pread`. Anything else (a larger read, a read the
 //! file cannot satisfy, a listing, a write) goes to the folder's store as
 //! before, so its errors and answers are the store's own.
