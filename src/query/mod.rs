@@ -157,6 +157,13 @@ impl Query {
         let mut kept = self.session.lock().await;
         // The last statement's snapshot, or at the first what the last
         // query kept.
+        // The first statement's session is built on another thread while
+        // the snapshot is taken: registering DataFusion's functions and
+        // rules is CPU work the snapshot's reads need not wait for.
+        let building = kept.is_none().then(|| {
+            let store = Arc::clone(&self.store);
+            tokio::task::spawn_blocking(move || bare_session(store))
+        });
         let (on_disk, disk_shapes);
         let previous = match kept.as_ref() {
             Some((_, last)) => Previous {
@@ -208,7 +215,15 @@ impl Query {
             }
             None => {
                 let archive = Arc::new(archive);
-                (session(Arc::clone(&archive), &self.budget)?, archive)
+                let ctx = match building {
+                    Some(building) => building
+                        .await
+                        .map_err(|e| Error::bug(format!("building the session: {e}")))?,
+                    None => bare_session(Arc::clone(&self.store)),
+                };
+                providers::register(&ctx, Arc::clone(&archive), &self.budget)
+                    .map_err(|e| sql_error("", e))?;
+                (ctx, archive)
             }
         };
         *kept = Some((ctx.clone(), Arc::clone(&archive)));
@@ -372,11 +387,9 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// A session with the archive's tables, reading through the destination's store.
-pub(crate) fn session(
-    archive: Arc<Archive>,
-    budget: &Arc<kept::Budget>,
-) -> std::result::Result<SessionContext, Error> {
+/// A session reading through `store` (the archive's), its tables not yet
+/// registered (see [`providers::register`]).
+fn bare_session(store: Arc<dyn ObjectStore>) -> SessionContext {
     let mut config = SessionConfig::new()
         .with_information_schema(true)
         .with_default_catalog_and_schema("datafusion", "public");
@@ -408,9 +421,8 @@ pub(crate) fn session(
     .build();
     let ctx = SessionContext::new_with_state(state);
     let url = ObjectStoreUrl::parse(ARCHIVE_URL).expect("a valid URL");
-    ctx.register_object_store(url.as_ref(), Arc::clone(&archive.store));
-    providers::register(&ctx, archive, budget).map_err(|e| sql_error("", e))?;
-    Ok(ctx)
+    ctx.register_object_store(url.as_ref(), store);
+    ctx
 }
 
 /// A DataFusion error as the user sees it: the message and, when
