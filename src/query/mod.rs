@@ -34,6 +34,7 @@ pub(crate) mod merge;
 pub(crate) mod output;
 #[cfg(test)]
 mod plans;
+mod prefetch;
 pub(crate) mod providers;
 mod pushdown;
 pub(crate) mod tail;

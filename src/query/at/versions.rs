@@ -7,7 +7,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use arrow::array::{Array, Int64Array, RecordBatch};
-use hashbrown::{HashMap, HashTable};
+use hashbrown::HashMap;
 use serde_json::{Map, Value};
 
 use crate::lakehouse::change::ChangeOp;
@@ -83,15 +83,32 @@ fn inline(key: &[u8]) -> Option<Stored> {
     })
 }
 
+/// A free entry of [`KeyRows`]' table: no row is this one (a row's file
+/// is below 2^24 and its position below 2^40 - 3).
+const FREE: RowId = RowId::MAX - 2;
+
+/// The share of [`KeyRows`]' table its keys may fill before it grows.
+const FILL: (usize, usize) = (7, 10);
+
+/// How many keys ahead [`Versions::apply`] asks for a key's entry.
+const AHEAD: usize = 16;
+
 /// Every key seen up to a seq, with the history row of its version (or
-/// [`GONE`]). A key of up to [`INLINE`] bytes is held in the table entry
-/// itself (24 bytes with its row), so looking it up reads one place in
-/// memory; a longer one is kept in an arena, its bytes one after another.
-/// The map is most of a rebuild's memory, and memory first touched costs
-/// a page fault a page.
+/// [`GONE`]): an open-addressing table (linear probing) of 24-byte entries.
+/// A key of up to [`INLINE`] bytes is held in its entry itself, so looking
+/// it up reads one place in memory; a longer one is kept in an arena, its
+/// bytes one after another. The table is most of a rebuild's memory, and
+/// far larger than the processor's cache: each change's key is a cache
+/// miss. The table is our own rather than a general one so that the place
+/// of a key's entry is known from its hash before it is looked up, and
+/// [`Versions::apply`] asks for the entries of the keys [`AHEAD`] changes
+/// on while it applies this one (see [`crate::query::prefetch`]).
 struct KeyRows {
     arena: Vec<u8>,
-    table: HashTable<(Stored, RowId)>,
+    /// A power of two long; [`FREE`] rows mark the free entries.
+    table: Vec<(Stored, RowId)>,
+    /// Entries in use.
+    len: usize,
     hasher: foldhash::fast::RandomState,
 }
 
@@ -99,9 +116,15 @@ impl KeyRows {
     fn with_capacity(keys: usize) -> KeyRows {
         KeyRows {
             arena: Vec::new(),
-            table: HashTable::with_capacity(keys),
+            table: vec![([0; 16], FREE); Self::entries_for(keys)],
+            len: 0,
             hasher: foldhash::fast::RandomState::default(),
         }
+    }
+
+    /// The table's length for `keys` keys.
+    fn entries_for(keys: usize) -> usize {
+        (keys.max(8) * FILL.1 / FILL.0 + 1).next_power_of_two()
     }
 
     /// The bytes of a stored key.
@@ -117,49 +140,91 @@ impl KeyRows {
         &arena[offset..offset + len]
     }
 
+    fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key.as_bytes())
+    }
+
+    /// Where a key of hash `hash` is looked for first.
+    fn home(&self, hash: u64) -> usize {
+        hash as usize & (self.table.len() - 1)
+    }
+
+    /// Asks for the entry a key of hash `hash` is looked for first.
+    fn prefetch(&self, hash: u64) {
+        crate::query::prefetch::prefetch(&self.table[self.home(hash)]);
+    }
+
     /// `key`'s row, the key added (with [`GONE`]) if new.
     fn slot(&mut self, key: &str) -> Result<&mut RowId> {
-        let key = key.as_bytes();
-        let hash = self.hasher.hash_one(key);
-        let short = inline(key);
-        let (arena, hasher) = (&self.arena, &self.hasher);
-        let entry = self.table.entry(
-            hash,
-            |(stored, _)| match &short {
-                Some(short) => stored == short,
-                None => stored[0] == IN_ARENA && Self::key(arena, stored) == key,
-            },
-            |(stored, _)| hasher.hash_one(Self::key(arena, stored)),
-        );
-        match entry {
-            hashbrown::hash_table::Entry::Occupied(e) => Ok(&mut e.into_mut().1),
-            hashbrown::hash_table::Entry::Vacant(e) => {
-                let stored = match short {
-                    Some(short) => short,
-                    None => {
-                        let offset = self.arena.len() as u64;
-                        if key.len() as u64 >= 1 << LEN_BITS || offset >= 1 << (64 - LEN_BITS) {
-                            return Err(Error::fatal(
-                                "the keys up to the seq do not fit in memory (a key of 16 MiB, or 1 TiB of keys)",
-                                "query a later seq",
-                            ));
-                        }
-                        self.arena.extend_from_slice(key);
-                        let mut stored = [0u8; 16];
-                        stored[0] = IN_ARENA;
-                        let place = (offset << LEN_BITS) | key.len() as u64;
-                        stored[8..].copy_from_slice(&place.to_le_bytes());
-                        stored
-                    }
-                };
-                Ok(&mut e.insert((stored, GONE)).into_mut().1)
+        let hash = self.hash(key);
+        self.slot_hashed(key, hash)
+    }
+
+    /// [`KeyRows::slot`] for a key whose hash is `hash`.
+    fn slot_hashed(&mut self, key: &str, hash: u64) -> Result<&mut RowId> {
+        let bytes = key.as_bytes();
+        let short = inline(bytes);
+        let mask = self.table.len() - 1;
+        let mut at = self.home(hash);
+        loop {
+            let (stored, row) = &self.table[at];
+            if *row == FREE {
+                break;
             }
+            let same = match &short {
+                Some(short) => stored == short,
+                None => stored[0] == IN_ARENA && Self::key(&self.arena, stored) == bytes,
+            };
+            if same {
+                return Ok(&mut self.table[at].1);
+            }
+            at = (at + 1) & mask;
+        }
+        if (self.len + 1) * FILL.1 > self.table.len() * FILL.0 {
+            self.grow();
+            return self.slot_hashed(key, hash);
+        }
+        let stored = match short {
+            Some(short) => short,
+            None => {
+                let offset = self.arena.len() as u64;
+                if bytes.len() as u64 >= 1 << LEN_BITS || offset >= 1 << (64 - LEN_BITS) {
+                    return Err(Error::fatal(
+                        "the keys up to the seq do not fit in memory (a key of 16 MiB, or 1 TiB of keys)",
+                        "query a later seq",
+                    ));
+                }
+                self.arena.extend_from_slice(bytes);
+                let mut stored = [0u8; 16];
+                stored[0] = IN_ARENA;
+                let place = (offset << LEN_BITS) | bytes.len() as u64;
+                stored[8..].copy_from_slice(&place.to_le_bytes());
+                stored
+            }
+        };
+        self.len += 1;
+        self.table[at] = (stored, GONE);
+        Ok(&mut self.table[at].1)
+    }
+
+    /// Doubles the table, every key hashed again from where it is kept.
+    fn grow(&mut self) {
+        let wider = vec![([0; 16], FREE); self.table.len() * 2];
+        let old = std::mem::replace(&mut self.table, wider);
+        let mask = self.table.len() - 1;
+        for (stored, row) in old.into_iter().filter(|(_, row)| *row != FREE) {
+            let mut at = self.home(self.hasher.hash_one(Self::key(&self.arena, &stored)));
+            while self.table[at].1 != FREE {
+                at = (at + 1) & mask;
+            }
+            self.table[at] = (stored, row);
         }
     }
 
     fn clear(&mut self) {
-        self.table.clear();
+        self.table.fill(([0; 16], FREE));
         self.arena.clear();
+        self.len = 0;
     }
 
     /// The rows of the live keys' versions.
@@ -167,7 +232,7 @@ impl KeyRows {
         self.table
             .iter()
             .map(|(_, row)| *row)
-            .filter(|r| *r != GONE)
+            .filter(|r| *r != GONE && *r != FREE)
     }
 }
 
@@ -246,7 +311,20 @@ impl Versions {
         let keys = text_column(batch, "_key")?;
         let olds = text_column(batch, "_old")?;
         let unchanged = text_column(batch, "_unchanged")?;
+        // Each key's hash, for its entry to be asked for AHEAD changes before.
+        let hashes: Vec<u64> = (0..batch.num_rows())
+            .map(|i| {
+                if keys.is_null(i) {
+                    0
+                } else {
+                    self.keys.hash(keys.value(i))
+                }
+            })
+            .collect();
         for i in 0..batch.num_rows() {
+            if let Some(&ahead) = hashes.get(i + AHEAD) {
+                self.keys.prefetch(ahead);
+            }
             let seq = seqs.value(i);
             // Compact writes the history in seq order, file after file.
             if self.last_seq.is_some_and(|l| l >= seq) {
@@ -280,7 +358,10 @@ impl Versions {
                 }
                 ChangeOp::Delete => {
                     let gone = match key {
-                        Some(k) => Some(std::mem::replace(self.keys.slot(k)?, GONE)),
+                        Some(k) => Some(std::mem::replace(
+                            self.keys.slot_hashed(k, hashes[i])?,
+                            GONE,
+                        )),
                         None => match old(&self.shape) {
                             Some(k) => Some(std::mem::replace(self.keys.slot(&k)?, GONE)),
                             None => None,
@@ -297,7 +378,7 @@ impl Versions {
                         Some(o) => Some(std::mem::replace(self.keys.slot(&o)?, GONE)),
                         None => None,
                     };
-                    let slot = self.keys.slot(key)?;
+                    let slot = self.keys.slot_hashed(key, hashes[i])?;
                     let replaced = std::mem::replace(slot, row);
                     let previous = moved.unwrap_or(replaced);
                     if !unchanged.is_null(i) {
@@ -339,7 +420,7 @@ impl Versions {
 
     /// The live versions' rows, in the order they were written.
     pub(super) fn live(&self) -> Vec<RowId> {
-        let mut live: Vec<RowId> = Vec::with_capacity(self.keys.table.len());
+        let mut live: Vec<RowId> = Vec::with_capacity(self.keys.len);
         live.extend(self.keys.live());
         live.sort_unstable();
         live
@@ -373,19 +454,31 @@ mod tests {
             "sixteen bytes..!",
             "a key well over fifteen bytes, in the arena",
         ];
+        // Beside them, a thousand keys short and long, so that the table
+        // made for 2 keys grows several times: every key is hashed again
+        // from where it is kept.
+        let many: Vec<String> = (0..1_000)
+            .map(|i| match i % 2 {
+                0 => format!("{{\"id\":{i}}}"),
+                _ => format!("{{\"id\":{i},\"region\":\"north\"}}"),
+            })
+            .collect();
+        let keys: Vec<&str> = keys
+            .into_iter()
+            .chain(many.iter().map(String::as_str))
+            .collect();
         let mut map = KeyRows::with_capacity(2);
         for (i, k) in keys.iter().enumerate() {
             assert_eq!(*map.slot(k).unwrap(), GONE, "{k} is new");
             *map.slot(k).unwrap() = i as RowId;
         }
+        assert!(map.table.len() >= 1_024, "{}", map.table.len());
         for (i, k) in keys.iter().enumerate() {
             assert_eq!(*map.slot(k).unwrap(), i as RowId, "{k}");
         }
         let mut live: Vec<RowId> = map.live().collect();
         live.sort_unstable();
         assert_eq!(live, (0..keys.len() as RowId).collect::<Vec<_>>());
-        // The table grew past its capacity: every key was hashed again
-        // from where it is kept.
         assert_eq!(*map.slot("{\"id\":262681}").unwrap(), 2);
         map.clear();
         assert_eq!(map.live().count(), 0);

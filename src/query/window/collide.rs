@@ -27,6 +27,7 @@ use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::physical_expr::PhysicalExpr;
 
 use super::order::order_key_numbers;
+use crate::query::prefetch::prefetch;
 
 /// A buffer's rows in window order, and their partitions.
 pub(super) struct Partitioned {
@@ -145,8 +146,10 @@ fn view_changes<T: ByteViewType + ?Sized>(
     };
     let valid = |i: usize| keys.is_valid(i);
     for i in 1..changes.len() {
-        if let Some(&ahead) = views.get(i + AHEAD) {
-            prefetch(bytes(ahead));
+        if let Some(ahead) = views.get(i + AHEAD).map(|&v| bytes(v))
+            && !ahead.is_empty()
+        {
+            prefetch(ahead.as_ptr());
         }
         if changes[i] || !compare(i) {
             continue;
@@ -167,23 +170,6 @@ fn view_changes<T: ByteViewType + ?Sized>(
             (a, b) => a != b,
         };
     }
-}
-
-/// Asks the processor to bring `bytes` into its cache.
-#[inline]
-fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if !bytes.is_empty() {
-        // SAFETY: a prefetch reads nothing the program sees and cannot
-        // fault; the pointer is into a live buffer.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                bytes.as_ptr().cast(),
-            );
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
 }
 
 /// The runs of one number in which the key changes.
