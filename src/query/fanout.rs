@@ -186,12 +186,11 @@ fn with_child(
 mod tests {
     use arrow::array::{Int64Array, RecordBatch};
     use arrow::datatypes::{DataType, Field, Schema};
-    use datafusion::execution::session_state::SessionStateBuilder;
-    use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+    use datafusion::prelude::{ParquetReadOptions, SessionContext};
     use parquet::arrow::ArrowWriter;
 
     use super::*;
-    use crate::query::plans::plan_and_answer;
+    use crate::query::plans::{plan_and_answer, without_and_with};
 
     /// `t (id, v)` in a Parquet file: ids 0 to 199,999 (each twice), and
     /// `v` from 0 to 9; in two sessions of two cores, one with the rule.
@@ -219,22 +218,13 @@ mod tests {
         .unwrap();
         writer.write(&batch).unwrap();
         writer.close().unwrap();
-        let mut contexts = Vec::new();
-        for with_rule in [false, true] {
-            let mut builder = SessionStateBuilder::new()
-                .with_config(SessionConfig::new().with_target_partitions(2))
-                .with_default_features();
-            if with_rule {
-                builder = builder.with_physical_optimizer_rule(Arc::new(GroupFanOut));
-            }
-            let ctx = SessionContext::new_with_state(builder.build());
+        let (plain, with) = without_and_with(Arc::new(GroupFanOut));
+        for ctx in [&plain, &with] {
             ctx.register_parquet("t", path.to_str().unwrap(), ParquetReadOptions::default())
                 .await
                 .unwrap();
-            contexts.push(ctx);
         }
-        let with = contexts.pop().unwrap();
-        (contexts.pop().unwrap(), with, dir)
+        (plain, with, dir)
     }
 
     /// A grouping by a column whose statistics span 200,000 values is split

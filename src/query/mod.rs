@@ -156,8 +156,6 @@ impl Query {
     async fn session(&self, phases: &mut Phases) -> Result<(SessionContext, Arc<Archive>)> {
         let started = Instant::now();
         let mut kept = self.session.lock().await;
-        // The last statement's snapshot, or at the first what the last
-        // query kept.
         // The first statement's session is built on another thread while
         // the snapshot is taken: registering DataFusion's functions and
         // rules is CPU work the snapshot's reads need not wait for.
@@ -165,6 +163,8 @@ impl Query {
             let store = Arc::clone(&self.store);
             tokio::task::spawn_blocking(move || bare_session(store))
         });
+        // The last statement's snapshot, or at the first what the last
+        // query kept.
         let (on_disk, disk_shapes);
         let previous = match kept.as_ref() {
             Some((_, last)) => Previous {
@@ -396,13 +396,6 @@ fn bare_session(store: Arc<dyn ObjectStore>) -> SessionContext {
         .with_default_catalog_and_schema("datafusion", "public");
     // Spans let planning errors say where in the statement they are.
     config.options_mut().sql_parser.collect_spans = true;
-    // Filters are evaluated while decoding Parquet scan by scan, where
-    // they select few rows (see [`pushdown`]), not session-wide. The
-    // filters a top-k or a join derives while it runs are not pushed into
-    // the scans at all: evaluated in the Parquet decoding row by row as
-    // they tighten, they cost more than they saved (the top 10 by amount of
-    // 357,600 latest rows: 34 ms with them, 22 ms without; the latest view
-    // joined to the history: 101 ms with, 89 ms without).
     // A grouping's first step gives up on grouping a scan's rows when the
     // first rows it probes are nearly all groups of their own (DataFusion's
     // ratio, 0.8), and passes them on to the second step ungrouped. It
@@ -418,6 +411,13 @@ fn bare_session(store: Arc<dyn ObjectStore>) -> SessionContext {
         .options_mut()
         .execution
         .skip_partial_aggregation_probe_rows_threshold = 8192;
+    // Filters are evaluated while decoding Parquet scan by scan, where
+    // they select few rows (see [`pushdown`]), not session-wide. The
+    // filters a top-k or a join derives while it runs are not pushed into
+    // the scans at all: evaluated in the Parquet decoding row by row as
+    // they tighten, they cost more than they saved (the top 10 by amount of
+    // 357,600 latest rows: 34 ms with them, 22 ms without; the latest view
+    // joined to the history: 101 ms with, 89 ms without).
     let optimizer = &mut config.options_mut().optimizer;
     optimizer.enable_topk_dynamic_filter_pushdown = false;
     optimizer.enable_join_dynamic_filter_pushdown = false;

@@ -1,8 +1,27 @@
 //! For the tests of what shapes a query's plan: a statement's physical plan
-//! and its answer, both as text.
+//! and its answer, both as text, in sessions with and without a rule.
 
+use std::sync::Arc;
+
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::displayable;
-use datafusion::prelude::SessionContext;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+/// Two sessions of two cores: DataFusion's own, and one with `rule` too.
+pub(crate) fn without_and_with(
+    rule: Arc<dyn PhysicalOptimizerRule + Send + Sync>,
+) -> (SessionContext, SessionContext) {
+    let builder = || {
+        SessionStateBuilder::new()
+            .with_config(SessionConfig::new().with_target_partitions(2))
+            .with_default_features()
+    };
+    (
+        SessionContext::new_with_state(builder().build()),
+        SessionContext::new_with_state(builder().with_physical_optimizer_rule(rule).build()),
+    )
+}
 
 /// The physical plan of `sql` in `ctx`, and its answer.
 pub(crate) async fn plan_and_answer(ctx: &SessionContext, sql: &str) -> (String, String) {
