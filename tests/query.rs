@@ -12,6 +12,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::proxy::Proxy;
 use common::*;
 use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
@@ -1234,4 +1235,70 @@ fn a_query_keeps_the_delta_logs_it_read_for_the_next_and_never_a_stale_one() {
     assert_eq!(logs_read(&err), 1, "{err}");
     let (_, err) = count();
     assert_eq!(logs_read(&err), 0, "{err}");
+}
+
+/// A query of an S3 archive asks the store for no compacted file's
+/// metadata, which would be a HEAD a file and query: the Delta logs give
+/// the files' sizes. Through a proxy that records the requests, two
+/// queries (the first reads the logs, the second keeps them from the state
+/// folder) read the latest view's and the history's files and never ask
+/// for their metadata.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_query_of_s3_asks_no_metadata_of_the_compacted_files() {
+    let prefix = unique("heads");
+    let store = admin_store();
+    let schema = json!({"table": "public.t", "version": 1, "replica_identity": "default", "columns": [
+        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
+        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false}]});
+    let put = |key: String, body: String| {
+        let store = store.clone();
+        async move {
+            store
+                .put(&ObjectPath::from(key), body.into())
+                .await
+                .unwrap()
+        }
+    };
+    put(
+        format!("{prefix}/_schemas/public.t/1.json"),
+        schema.to_string(),
+    )
+    .await;
+    for (first, last) in [(1u64, 50u64), (51, 100)] {
+        let body: String = (first..=last)
+            .map(|seq| {
+                json!({"op": "insert", "table": "public.t", "data": {"id": seq, "n": seq * 10},
+                       "old": null, "seq": seq, "idempotency_key": format!("k{seq}"),
+                       "commit_lsn": format!("0/{:X}", seq * 8)})
+                .to_string()
+                    + "\n"
+            })
+            .collect();
+        put(format!("{prefix}/2026/12/04/p-{first}-{last}.ndjson"), body).await;
+    }
+    let mut w = Waltail::without_db("p", "public.t");
+    w.s3(&prefix);
+    let (status, stdout, stderr) = w.output(&["compact"]);
+    assert!(status.success(), "{stdout}{stderr}");
+    let proxy = Proxy::start(s3().endpoint.trim_start_matches("http://").parse().unwrap());
+    w.set("WALTAIL_DESTINATION_ENDPOINT", &proxy.url());
+    for _ in 0..2 {
+        let sql = "SELECT count(*) AS c, sum(n) AS s FROM public.t \
+                   UNION ALL SELECT count(*), sum(n) FROM history.public.t";
+        let (status, stdout, stderr) = w.output(&["query", "--format", "csv", sql]);
+        assert!(status.success(), "{stdout}{stderr}");
+        let rows: Vec<&str> = stdout.lines().skip(1).collect();
+        assert_eq!(rows, ["100,50500", "100,50500"], "{stdout}");
+    }
+    let requests = proxy.requests();
+    let data_files = |method: &str| {
+        requests
+            .iter()
+            .filter(|l| {
+                l.starts_with(method) && l.contains(".parquet") && !l.contains("_delta_log")
+            })
+            .count()
+    };
+    assert!(data_files("GET ") >= 4, "the files are read: {requests:#?}");
+    assert_eq!(data_files("HEAD "), 0, "{requests:#?}");
 }

@@ -9,7 +9,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 
-use super::delta::{self, Location, Published, Role};
+use super::delta::{self, DataFile, Location, Published, Role};
 use super::layout::table_dir;
 use super::typing::{Column, TableShape};
 use crate::archive::listing::Resume;
@@ -44,6 +44,13 @@ pub(crate) struct TableEntry {
     pub history_rows: u64,
     /// The history's files (keys under the prefix) below `next_seq`.
     pub history: Vec<String>,
+    /// The size in bytes of each file of `latest` and `history`, by key, as
+    /// the Delta log records it: a query answers a file's metadata from it
+    /// instead of asking the store (a HEAD a file on S3). Missing in the
+    /// entries an earlier build kept for the next query, which a query then
+    /// reads afresh (see `query::known`).
+    #[serde(default)]
+    pub sizes: BTreeMap<String, u64>,
     /// The commits read, of the history and of the latest view (`None`:
     /// no log yet), so a reader can tell whether a log has moved on since
     /// (see [`logs_moved`]).
@@ -176,26 +183,36 @@ impl Compacted {
     pub(crate) fn entry(&self, shape: &TableShape, prefix: Option<&str>) -> TableEntry {
         let keyed = !shape.key.is_empty();
         let next_seq = self.next_seq(keyed).unwrap_or(0);
-        let keys = |role: Role, p: &Published| -> Vec<String> {
+        let mut sizes = BTreeMap::new();
+        let mut keys = |role: Role, files: &mut dyn Iterator<Item = &DataFile>| -> Vec<String> {
             let dir = table_dir(prefix, role.root(), shape);
-            p.files
-                .iter()
-                .map(|f| format!("{dir}/{}", f.path))
+            files
+                .map(|f| {
+                    let key = format!("{dir}/{}", f.path);
+                    sizes.insert(key.clone(), f.size);
+                    key
+                })
                 .collect()
         };
+        // Files a run stopped between its two commits left in the history
+        // are read from the NDJSON again until the next run replaces them
+        // (see `compact::commit::commit_run`).
         let history_files: Vec<String> = self
             .history
             .as_ref()
             .map(|h| {
-                // Files a run stopped between its two commits left in the
-                // history are read from the NDJSON again until the next run
-                // replaces them (see `compact::commit::commit_run`).
-                h.files
-                    .iter()
-                    .filter(|f| history_first_seq(&f.path).is_none_or(|first| first < next_seq))
-                    .map(|f| format!("{}/{}", table_dir(prefix, "parquet", shape), f.path))
-                    .collect()
+                keys(
+                    Role::History,
+                    &mut h.files.iter().filter(|f| {
+                        history_first_seq(&f.path).is_none_or(|first| first < next_seq)
+                    }),
+                )
             })
+            .unwrap_or_default();
+        let latest_files: Vec<String> = self
+            .latest
+            .as_ref()
+            .map(|l| keys(Role::Latest, &mut l.files.iter()))
             .unwrap_or_default();
         TableEntry {
             next_seq,
@@ -205,15 +222,12 @@ impl Compacted {
                 .as_ref()
                 .map(|h| h.columns.clone())
                 .unwrap_or_default(),
-            latest: self
-                .latest
-                .as_ref()
-                .map(|l| keys(Role::Latest, l))
-                .unwrap_or_default(),
+            latest: latest_files,
             latest_rows: self.latest.as_ref().map_or(0, Published::rows),
             buckets: self.latest.as_ref().map_or(0, |l| l.buckets),
             history_rows: self.history.as_ref().map_or(0, Published::rows),
             history: history_files,
+            sizes,
             logs: [&self.history, &self.latest].map(|p| {
                 p.as_ref().map(|p| LogMark {
                     version: p.version,

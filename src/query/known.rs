@@ -63,12 +63,21 @@ impl Known {
         let file: KnownFile = serde_json::from_slice(&bytes)
             .inspect_err(|e| tracing::debug!(path = %self.path.display(), error = %e, "ignoring the kept Delta log entries"))
             .ok()?;
-        (file.waltail == env!("CARGO_PKG_VERSION") && file.archive == self.archive).then_some(
-            Kept {
-                tables: file.tables,
-                schemas: file.schemas,
-            },
-        )
+        (file.waltail == env!("CARGO_PKG_VERSION") && file.archive == self.archive).then(|| Kept {
+            // An entry kept without its files' sizes (by an earlier build)
+            // is read afresh, so that its files' metadata need no request.
+            tables: file
+                .tables
+                .into_iter()
+                .filter(|(_, e)| {
+                    e.latest
+                        .iter()
+                        .chain(&e.history)
+                        .all(|k| e.sizes.contains_key(k))
+                })
+                .collect(),
+            schemas: file.schemas,
+        })
     }
 
     /// Keeps `entries` for the next query: those whose commits were looked
@@ -116,6 +125,7 @@ mod tests {
         TableEntry {
             next_seq: 7,
             latest: vec!["latest/public/t/a.parquet".into()],
+            sizes: BTreeMap::from([("latest/public/t/a.parquet".into(), 1_000)]),
             logs: [
                 Some(LogMark {
                     version,
@@ -140,6 +150,11 @@ mod tests {
         let mut unmarked = entry(4);
         unmarked.logs[0].as_mut().unwrap().size = None;
         entries.insert("public.u".into(), unmarked);
+        // An entry without its files' sizes (kept by an earlier build) is
+        // read afresh.
+        let mut unsized_ = entry(5);
+        unsized_.sizes.clear();
+        entries.insert("public.v".into(), unsized_);
         let schemas: SchemaObjects = serde_json::from_value(serde_json::json!({
             "_schemas/public.t/1.json": {"size": 120, "e_tag": "e1", "record": {
                 "table": "public.t", "version": 1, "replica_identity": "default",

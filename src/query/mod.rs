@@ -27,7 +27,6 @@ mod branches;
 pub(crate) mod catalog;
 mod early;
 mod fanout;
-mod inline;
 mod kept;
 mod known;
 pub(crate) mod merge;
@@ -37,6 +36,7 @@ mod plans;
 mod prefetch;
 pub(crate) mod providers;
 mod pushdown;
+mod reads;
 pub(crate) mod tail;
 mod views;
 mod window;
@@ -84,9 +84,8 @@ pub(crate) struct Options {
 /// What every statement of one invocation shares.
 pub(crate) struct Query {
     sink: Sink,
-    /// The store the query reads: the sink's, or for a local folder one
-    /// whose small reads are done in place (see [`inline`]).
-    store: Arc<dyn ObjectStore>,
+    /// The store the query reads through (see [`reads`]).
+    store: Arc<reads::ReadStore>,
     loc: Location,
     pipeline: String,
     at: Option<At>,
@@ -129,13 +128,11 @@ impl Query {
             crate::lakehouse::store_retry(),
         )?;
         let loc = Location::new(&config.destination, sink.store())?;
-        let store: Arc<dyn ObjectStore> = match &config.destination {
-            DestinationConfig::File { path, .. } => Arc::new(
-                inline::InlineReads::new(path)
-                    .map_err(|e| Error::store("open", path.display().to_string(), e))?,
-            ),
-            DestinationConfig::S3(_) => Arc::clone(sink.store()),
-        };
+        let store = Arc::new(match &config.destination {
+            DestinationConfig::File { path, .. } => reads::ReadStore::folder(path)
+                .map_err(|e| Error::store("open", path.display().to_string(), e))?,
+            DestinationConfig::S3(_) => reads::ReadStore::new(Arc::clone(sink.store())),
+        });
         Ok(Query {
             store,
             known: Known::new(&config.state_dir, &config.pipeline, loc.url()),
@@ -160,7 +157,7 @@ impl Query {
         // the snapshot is taken: registering DataFusion's functions and
         // rules is CPU work the snapshot's reads need not wait for.
         let building = kept.is_none().then(|| {
-            let store = Arc::clone(&self.store);
+            let store: Arc<dyn ObjectStore> = Arc::clone(&self.store) as _;
             tokio::task::spawn_blocking(move || bare_session(store))
         });
         // The last statement's snapshot, or at the first what the last
@@ -183,7 +180,7 @@ impl Query {
             }
         };
         let archive = Archive::load(
-            Arc::clone(&self.store),
+            Arc::clone(&self.store) as _,
             &self.loc,
             self.sink.prefix(),
             &self.pipeline,
@@ -191,6 +188,9 @@ impl Query {
             &previous,
         )
         .await?;
+        // The compacted files' metadata from the logs (see [`reads`]).
+        self.store
+            .know(archive.compacted.values().flat_map(|e| &e.sizes));
         if previous.entries != Some(&archive.compacted)
             || previous.schemas != Some(&archive.schema_objects)
         {
@@ -220,7 +220,7 @@ impl Query {
                     Some(building) => building
                         .await
                         .map_err(|e| Error::bug(format!("building the session: {e}")))?,
-                    None => bare_session(Arc::clone(&self.store)),
+                    None => bare_session(Arc::clone(&self.store) as _),
                 };
                 providers::register(&ctx, Arc::clone(&archive), &self.budget)
                     .map_err(|e| sql_error("", e))?;

@@ -9,8 +9,8 @@
 //! stops it: the thread is joined and every socket is closed.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -64,9 +64,13 @@ pub(crate) struct Proxy {
     mode: watch::Sender<Mode>,
     connections: Arc<AtomicUsize>,
     cuts: Arc<AtomicUsize>,
+    requests: Requests,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
+
+/// The HTTP request lines clients sent, in order (see [`Proxy::requests`]).
+type Requests = Arc<Mutex<Vec<String>>>;
 
 impl Proxy {
     /// Starts a proxy to `target` in `Mode::Pass`.
@@ -78,8 +82,10 @@ impl Proxy {
         let connections = Arc::new(AtomicUsize::new(0));
         let (stop, stop_rx) = oneshot::channel();
         let cuts = Arc::new(AtomicUsize::new(0));
+        let requests = Requests::default();
         let count = connections.clone();
         let cut = cuts.clone();
+        let seen = requests.clone();
         let thread = std::thread::Builder::new()
             .name(format!("proxy-{addr}"))
             .spawn(move || {
@@ -87,7 +93,9 @@ impl Proxy {
                     .enable_all()
                     .build()
                     .unwrap();
-                rt.block_on(accept_loop(listener, target, mode_rx, count, cut, stop_rx));
+                rt.block_on(accept_loop(
+                    listener, target, mode_rx, count, cut, seen, stop_rx,
+                ));
                 // Dropping the runtime drops every connection task and its sockets.
             })
             .unwrap();
@@ -96,6 +104,7 @@ impl Proxy {
             mode,
             connections,
             cuts,
+            requests,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -126,6 +135,12 @@ impl Proxy {
         *self.mode.borrow()
     }
 
+    /// The HTTP request lines (`HEAD /bucket/key HTTP/1.1`) clients sent
+    /// so far, in every mode.
+    pub(crate) fn requests(&self) -> Vec<String> {
+        self.requests.lock().unwrap().clone()
+    }
+
     /// Connections accepted so far.
     pub(crate) fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
@@ -149,6 +164,7 @@ async fn accept_loop(
     mode: watch::Receiver<Mode>,
     count: Arc<AtomicUsize>,
     cuts: Arc<AtomicUsize>,
+    requests: Requests,
     mut stop: oneshot::Receiver<()>,
 ) {
     let listener = TcpListener::from_std(listener).unwrap();
@@ -158,7 +174,7 @@ async fn accept_loop(
             accepted = listener.accept() => {
                 let Ok((client, _)) = accepted else { continue };
                 count.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(serve(client, target, mode.clone(), cuts.clone()));
+                tokio::spawn(serve(client, target, mode.clone(), cuts.clone(), requests.clone()));
             }
         }
     }
@@ -173,10 +189,14 @@ fn reset(rd: OwnedReadHalf, wr: OwnedWriteHalf) {
 
 /// Whether `data` holds an HTTP request line that has every one of `parts`.
 fn request_line_with(data: &[u8], parts: &[&str]) -> bool {
-    data.split(|&b| b == b'\n').any(|line| {
-        let line = String::from_utf8_lossy(line);
-        line.contains(" HTTP/1.") && parts.iter().all(|p| line.contains(p))
-    })
+    request_lines(data).any(|line| parts.iter().all(|p| line.contains(p)))
+}
+
+/// The HTTP request lines in `data`.
+fn request_lines(data: &[u8]) -> impl Iterator<Item = String> + '_ {
+    data.split(|&b| b == b'\n')
+        .map(|line| String::from_utf8_lossy(line).trim_end().to_string())
+        .filter(|line| line.contains(" HTTP/1."))
 }
 
 /// Counts one more cut if fewer than `limit` were made.
@@ -192,6 +212,7 @@ async fn serve(
     target: SocketAddr,
     mut mode: watch::Receiver<Mode>,
     cuts: Arc<AtomicUsize>,
+    requests: Requests,
 ) {
     if *mode.borrow_and_update() == Mode::Reset {
         let _ = client.set_zero_linger();
@@ -236,6 +257,9 @@ async fn serve(
                 let _ = out.shutdown().await;
             }
             continue;
+        }
+        if up {
+            requests.lock().unwrap().extend(request_lines(data));
         }
         let data = match current {
             Mode::Reset => {
