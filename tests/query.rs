@@ -850,29 +850,36 @@ async fn an_archive_of_gzip_zstd_and_plain_objects_reads_everywhere() {
 fn write_inserts(root: &std::path::Path, seqs: std::ops::RangeInclusive<u64>) {
     let day = root.join("2026/12/04");
     std::fs::create_dir_all(&day).unwrap();
-    let body: String = seqs
-        .clone()
-        .map(|seq| {
-            json!({"op": "insert", "table": "public.t", "data": {"id": seq, "n": seq * 10},
-                   "old": null, "seq": seq, "idempotency_key": format!("k{seq}"),
-                   "commit_lsn": format!("0/{:X}", seq * 8)})
-            .to_string()
-                + "\n"
-        })
-        .collect();
     let name = format!("p-{}-{}.ndjson", seqs.start(), seqs.end());
-    std::fs::write(day.join(name), body).unwrap();
+    std::fs::write(day.join(name), inserts(seqs)).unwrap();
+}
+
+/// The NDJSON of [`write_inserts`]: an insert of (seq, seq * 10) a line.
+fn inserts(seqs: std::ops::RangeInclusive<u64>) -> String {
+    seqs.map(|seq| {
+        json!({"op": "insert", "table": "public.t", "data": {"id": seq, "n": seq * 10},
+               "old": null, "seq": seq, "idempotency_key": format!("k{seq}"),
+               "commit_lsn": format!("0/{:X}", seq * 8)})
+        .to_string()
+            + "\n"
+    })
+    .collect()
+}
+
+/// The schema record of `public.t (id bigint key, n integer)`.
+fn tiny_schema() -> String {
+    json!({"table": "public.t", "version": 1, "replica_identity": "default", "columns": [
+        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
+        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false}]})
+    .to_string()
 }
 
 /// The schema record of a hand-written archive in `root` of `public.t (id
 /// bigint key, n integer)` (see [`write_inserts`]); returns its folder.
 fn tiny_archive(root: &std::path::Path) -> std::path::PathBuf {
-    let schema = json!({"table": "public.t", "version": 1, "replica_identity": "default", "columns": [
-        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
-        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false}]});
     let dir = root.join("_schemas/public.t");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("1.json"), schema.to_string()).unwrap();
+    std::fs::write(dir.join("1.json"), tiny_schema()).unwrap();
     dir
 }
 
@@ -1247,9 +1254,6 @@ fn a_query_keeps_the_delta_logs_it_read_for_the_next_and_never_a_stale_one() {
 async fn a_query_of_s3_asks_no_metadata_of_the_compacted_files() {
     let prefix = unique("heads");
     let store = admin_store();
-    let schema = json!({"table": "public.t", "version": 1, "replica_identity": "default", "columns": [
-        {"name": "id", "type": "bigint", "type_oid": 20, "type_modifier": -1, "key": true},
-        {"name": "n", "type": "integer", "type_oid": 23, "type_modifier": -1, "key": false}]});
     let put = |key: String, body: String| {
         let store = store.clone();
         async move {
@@ -1259,22 +1263,10 @@ async fn a_query_of_s3_asks_no_metadata_of_the_compacted_files() {
                 .unwrap()
         }
     };
-    put(
-        format!("{prefix}/_schemas/public.t/1.json"),
-        schema.to_string(),
-    )
-    .await;
+    put(format!("{prefix}/_schemas/public.t/1.json"), tiny_schema()).await;
     for (first, last) in [(1u64, 50u64), (51, 100)] {
-        let body: String = (first..=last)
-            .map(|seq| {
-                json!({"op": "insert", "table": "public.t", "data": {"id": seq, "n": seq * 10},
-                       "old": null, "seq": seq, "idempotency_key": format!("k{seq}"),
-                       "commit_lsn": format!("0/{:X}", seq * 8)})
-                .to_string()
-                    + "\n"
-            })
-            .collect();
-        put(format!("{prefix}/2026/12/04/p-{first}-{last}.ndjson"), body).await;
+        let key = format!("{prefix}/2026/12/04/p-{first}-{last}.ndjson");
+        put(key, inserts(first..=last)).await;
     }
     let mut w = Waltail::without_db("p", "public.t");
     w.s3(&prefix);
