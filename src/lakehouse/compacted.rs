@@ -183,37 +183,26 @@ impl Compacted {
     pub(crate) fn entry(&self, shape: &TableShape, prefix: Option<&str>) -> TableEntry {
         let keyed = !shape.key.is_empty();
         let next_seq = self.next_seq(keyed).unwrap_or(0);
-        let mut sizes = BTreeMap::new();
-        let mut keys = |role: Role, files: &mut dyn Iterator<Item = &DataFile>| -> Vec<String> {
-            let dir = table_dir(prefix, role.root(), shape);
-            files
-                .map(|f| {
-                    let key = format!("{dir}/{}", f.path);
-                    sizes.insert(key.clone(), f.size);
-                    key
-                })
-                .collect()
-        };
         // Files a run stopped between its two commits left in the history
         // are read from the NDJSON again until the next run replaces them
         // (see `compact::commit::commit_run`).
-        let history_files: Vec<String> = self
+        let history: Vec<&DataFile> = self
             .history
-            .as_ref()
-            .map(|h| {
-                keys(
-                    Role::History,
-                    &mut h.files.iter().filter(|f| {
-                        history_first_seq(&f.path).is_none_or(|first| first < next_seq)
-                    }),
-                )
-            })
-            .unwrap_or_default();
-        let latest_files: Vec<String> = self
-            .latest
-            .as_ref()
-            .map(|l| keys(Role::Latest, &mut l.files.iter()))
-            .unwrap_or_default();
+            .iter()
+            .flat_map(|h| &h.files)
+            .filter(|f| history_first_seq(&f.path).is_none_or(|first| first < next_seq))
+            .collect();
+        let latest: Vec<&DataFile> = self.latest.iter().flat_map(|l| &l.files).collect();
+        // Each file's key under the prefix, and its size.
+        let keyed_files = |role: Role, files: Vec<&DataFile>| -> Vec<(String, u64)> {
+            let dir = table_dir(prefix, role.root(), shape);
+            files
+                .into_iter()
+                .map(|f| (format!("{dir}/{}", f.path), f.size))
+                .collect()
+        };
+        let history = keyed_files(Role::History, history);
+        let latest = keyed_files(Role::Latest, latest);
         TableEntry {
             next_seq,
             next_date: self.next_date.clone(),
@@ -222,12 +211,12 @@ impl Compacted {
                 .as_ref()
                 .map(|h| h.columns.clone())
                 .unwrap_or_default(),
-            latest: latest_files,
+            sizes: history.iter().chain(&latest).cloned().collect(),
+            latest: latest.into_iter().map(|(key, _)| key).collect(),
             latest_rows: self.latest.as_ref().map_or(0, Published::rows),
             buckets: self.latest.as_ref().map_or(0, |l| l.buckets),
             history_rows: self.history.as_ref().map_or(0, Published::rows),
-            history: history_files,
-            sizes,
+            history: history.into_iter().map(|(key, _)| key).collect(),
             logs: [&self.history, &self.latest].map(|p| {
                 p.as_ref().map(|p| LogMark {
                     version: p.version,
