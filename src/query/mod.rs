@@ -28,6 +28,7 @@ pub(crate) mod catalog;
 mod early;
 mod fanout;
 mod kept;
+mod keytable;
 mod known;
 pub(crate) mod merge;
 pub(crate) mod output;
