@@ -30,8 +30,10 @@
 
 mod collide;
 mod exec;
+mod hashed;
 mod operator;
 mod order;
+mod walk;
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -56,6 +58,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use datafusion::prelude::Expr;
 
 use self::exec::{KeyWindowExec, Shift};
+use self::hashed::HashedWindowExec;
 use self::order::{KeyOrderExec, orderable};
 
 /// The largest `lag`/`lead` offset computed here: the rows carried from
@@ -362,9 +365,31 @@ impl ExtensionPlanner for KeyWindowPlanner {
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
         let mut input = Arc::clone(&physical_inputs[0]);
         let mut order_column = None;
+        let orderable = match order_by.as_slice() {
+            [order] => orderable(&order.expr.data_type(&input.schema())?),
+            _ => false,
+        };
+        // One order of an integer type and offsets of a few rows: walked
+        // without a sort (see [`hashed`]).
+        if orderable
+            && hashed_enabled()
+            && functions.iter().all(|(s, _)| match s {
+                Shift::Row { offset, .. } => offset.abs() <= hashed::MAX_OFFSET,
+                Shift::RowNumber => true,
+            })
+        {
+            return Ok(Some(Arc::new(HashedWindowExec::new(
+                input,
+                schema,
+                partition_by,
+                order_by[0].clone(),
+                functions,
+                session.config_options().execution.target_partitions,
+            ))));
+        }
         // One order of an integer type: sorted by one number (see [`order`]).
         if let [order] = order_by.as_slice()
-            && orderable(&order.expr.data_type(&input.schema())?)
+            && orderable
         {
             order_column = Some(input.schema().fields().len());
             input = Arc::new(KeyOrderExec::new(
@@ -383,6 +408,21 @@ impl ExtensionPlanner for KeyWindowPlanner {
             order_column,
         ))))
     }
+}
+
+#[cfg(not(test))]
+fn hashed_enabled() -> bool {
+    true
+}
+
+/// Tests turn the walk without a sort off, to test the sort by key.
+#[cfg(test)]
+pub(super) static TEST_HASHED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(true);
+
+#[cfg(test)]
+fn hashed_enabled() -> bool {
+    TEST_HASHED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// A query planner that plans [`KeyWindow`] nodes too.
@@ -422,8 +462,10 @@ mod tests {
     );
 
     /// 600 rows in batches of 7: keys with nulls and few values (so each
-    /// partition spans batches), a unique order, values with nulls.
-    fn table() -> MemTable {
+    /// partition spans batches), a unique order (`ordered`: rising with
+    /// the rows, as a history's seqs do; else scattered), values with
+    /// nulls.
+    fn table(ordered: bool) -> MemTable {
         let schema = Arc::new(Schema::new(vec![
             Field::new("k1", DataType::Utf8, true),
             Field::new("k2", DataType::Int64, true),
@@ -451,7 +493,8 @@ mod tests {
                 };
                 let x = (next(5) != 0).then(|| next(1000) as i64);
                 let t = (next(4) != 0).then(|| format!("a rather longer text {}", next(50)));
-                (k1, k2, (i * 7919) % 600, x, t, next(3) as f64)
+                let s = if ordered { i } else { (i * 7919) % 600 };
+                (k1, k2, s, x, t, next(3) as f64)
             })
             .collect();
         let batches = rows
@@ -481,7 +524,7 @@ mod tests {
         MemTable::try_new(schema, parts).unwrap()
     }
 
-    fn contexts() -> (SessionContext, SessionContext) {
+    fn contexts(ordered: bool) -> (SessionContext, SessionContext) {
         let config = || {
             SessionConfig::new()
                 .with_batch_size(5)
@@ -497,7 +540,7 @@ mod tests {
             .build(),
         );
         for ctx in [&reference, &ours] {
-            ctx.register_table("t", Arc::new(table())).unwrap();
+            ctx.register_table("t", Arc::new(table(ordered))).unwrap();
         }
         (reference, ours)
     }
@@ -543,21 +586,38 @@ mod tests {
     ];
 
     /// Each query answers as DataFusion's own window answers it, and runs
-    /// through the operator.
+    /// through the walk without a sort where it can (rows in order or not),
+    /// else through the sort by key; the sort by key answers every one.
     #[tokio::test]
     async fn lag_lead_and_row_number_answer_as_datafusion_does() {
-        let (reference, ours) = contexts();
-        for sql in KEY_WINDOWS {
-            assert_eq!(text(&ours, sql).await, text(&reference, sql).await, "{sql}");
-            let p = plan(&ours, sql).await;
-            assert!(p.contains("KeyWindowExec"), "{sql}\n{p}");
-            assert!(!p.contains("WindowAggExec"), "{sql}\n{p}");
-            // One integer order: sorted by the key order column alone.
-            assert_eq!(
-                p.contains("KeyOrderExec"),
-                !sql.contains("ORDER BY x, s"),
-                "{sql}\n{p}"
-            );
+        use std::sync::atomic::Ordering;
+
+        for ordered in [true, false] {
+            let (reference, ours) = contexts(ordered);
+            for hashed in [true, false] {
+                TEST_HASHED.store(hashed, Ordering::Relaxed);
+                for sql in KEY_WINDOWS {
+                    let what = format!("ordered {ordered}, hashed {hashed}: {sql}");
+                    assert_eq!(
+                        text(&ours, sql).await,
+                        text(&reference, sql).await,
+                        "{what}"
+                    );
+                    let p = plan(&ours, sql).await;
+                    assert!(!p.contains("WindowAggExec"), "{what}\n{p}");
+                    let one_order = !sql.contains("ORDER BY x, s");
+                    let walked = hashed && one_order && !sql.contains("1024");
+                    assert_eq!(p.contains("HashedWindowExec"), walked, "{what}\n{p}");
+                    assert_eq!(p.contains("KeyWindowExec"), !walked, "{what}\n{p}");
+                    // One integer order: sorted by the key order column alone.
+                    assert_eq!(
+                        p.contains("KeyOrderExec"),
+                        !walked && one_order,
+                        "{what}\n{p}"
+                    );
+                }
+            }
+            TEST_HASHED.store(true, Ordering::Relaxed);
         }
     }
 
@@ -569,7 +629,8 @@ mod tests {
     async fn keys_that_share_a_number_answer_as_apart() {
         use std::sync::atomic::Ordering;
 
-        let (reference, ours) = contexts();
+        let (reference, ours) = contexts(false);
+        TEST_HASHED.store(false, Ordering::Relaxed);
         let numbered = KEY_WINDOWS.iter().filter(|q| !q.contains("ORDER BY x, s"));
         for bits in [0, 1, 3] {
             order::TEST_NUMBER_BITS.store(bits, Ordering::Relaxed);
@@ -582,13 +643,14 @@ mod tests {
             }
         }
         order::TEST_NUMBER_BITS.store(order::NUMBER_BITS, Ordering::Relaxed);
+        TEST_HASHED.store(true, Ordering::Relaxed);
     }
 
     /// What the operator does not compute stays with DataFusion, with the
     /// same answers.
     #[tokio::test]
     async fn other_windows_stay_with_datafusion() {
-        let (reference, ours) = contexts();
+        let (reference, ours) = contexts(false);
         let queries = [
             "SELECT s, lag(x) IGNORE NULLS OVER (PARTITION BY k1 ORDER BY s) AS a FROM t ORDER BY s",
             "SELECT s, sum(x) OVER (PARTITION BY k1 ORDER BY s) AS a FROM t ORDER BY s",
@@ -601,6 +663,7 @@ mod tests {
             assert_eq!(text(&ours, sql).await, text(&reference, sql).await, "{sql}");
             let p = plan(&ours, sql).await;
             assert!(!p.contains("KeyWindowExec"), "{sql}\n{p}");
+            assert!(!p.contains("HashedWindowExec"), "{sql}\n{p}");
         }
     }
 }

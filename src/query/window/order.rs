@@ -275,14 +275,25 @@ impl KeyOrderStream {
     }
 }
 
-/// Each row's `number << 65 | null bit << 64 | value bits`: the value's
-/// bits ordered as unsigned integers in the order asked for, and the null
-/// bit placing nulls first or last.
+/// Each row's `number << 65 | null bit << 64 | value bits` (see
+/// [`ordered_bits`]).
 fn order_column(
     numbers: &[u64],
     value: &ArrayRef,
     options: SortOptions,
 ) -> DfResult<Decimal128Array> {
+    let values = numbers
+        .iter()
+        .zip(ordered_bits(value, options)?)
+        .map(|(&number, bits)| (u128::from(number) << 65 | bits) as i128);
+    Ok(Decimal128Array::from_iter_values(values).with_precision_and_scale(38, 0)?)
+}
+
+/// Each row's `null bit << 64 | value bits`: as unsigned integers, in the
+/// order asked for. The value's bits are ordered as unsigned integers in
+/// the direction asked for, and the null bit places nulls first or last.
+/// `value` is of a type [`orderable`] takes.
+pub(super) fn ordered_bits(value: &ArrayRef, options: SortOptions) -> DfResult<Vec<u128>> {
     // Signed values shifted into the unsigned range keep their order.
     let bits: Vec<Option<u64>> = match value.data_type() {
         DataType::UInt8 | DataType::UInt16 | DataType::UInt32 | DataType::UInt64 => {
@@ -304,15 +315,17 @@ fn order_column(
                 .collect()
         }
     };
-    // The null bit: 0 sorts before 1, within a key.
-    let values = numbers.iter().zip(bits).map(|(&number, bits)| {
-        let (bit, bits) = match bits {
-            Some(b) => (options.nulls_first, if options.descending { !b } else { b }),
-            None => (!options.nulls_first, 0),
-        };
-        (u128::from(number) << 65 | u128::from(bit) << 64 | u128::from(bits)) as i128
-    });
-    Ok(Decimal128Array::from_iter_values(values).with_precision_and_scale(38, 0)?)
+    // The null bit: 0 sorts before 1.
+    Ok(bits
+        .into_iter()
+        .map(|bits| {
+            let (bit, bits) = match bits {
+                Some(b) => (options.nulls_first, if options.descending { !b } else { b }),
+                None => (!options.nulls_first, 0),
+            };
+            u128::from(bit) << 64 | u128::from(bits)
+        })
+        .collect())
 }
 
 /// The key number of each order value (see [`order_column`]).
