@@ -35,6 +35,7 @@ pub(crate) mod output;
 #[cfg(test)]
 mod plans;
 mod prefetch;
+mod probefilter;
 pub(crate) mod providers;
 mod pushdown;
 mod reads;
@@ -435,6 +436,9 @@ fn bare_session(store: Arc<dyn ObjectStore>) -> SessionContext {
     // branch holds constant (see [`branches`]); after the fan-out, which
     // reads the first step's input.
     .with_physical_optimizer_rule(Arc::new(branches::BranchGrouping))
+    // A filter on `_op` under a join's probe side, evaluated by the join
+    // on the rows it matched (see [`probefilter`]).
+    .with_physical_optimizer_rule(Arc::new(probefilter::ProbeFilterInJoin))
     .build();
     let ctx = SessionContext::new_with_state(state);
     let url = ObjectStoreUrl::parse(ARCHIVE_URL).expect("a valid URL");
