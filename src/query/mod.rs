@@ -31,6 +31,7 @@ mod kept;
 mod keytable;
 mod known;
 pub(crate) mod merge;
+mod operator;
 pub(crate) mod output;
 #[cfg(test)]
 mod plans;

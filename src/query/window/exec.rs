@@ -21,7 +21,7 @@ use datafusion::physical_expr::{
     PhysicalSortRequirement,
 };
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
     InputDistributionRequirements, PlanProperties, RecordBatchStream,
@@ -29,7 +29,7 @@ use datafusion::physical_plan::{
 use futures::{Stream, StreamExt};
 
 use super::collide;
-use super::operator::{on_keys, only_child, visit};
+use crate::query::operator::{on_keys, one_input_basics, only_child, visit};
 
 /// One function of the window, as the operator computes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,14 +128,6 @@ impl ExecutionPlan for KeyWindowExec {
         "KeyWindowExec"
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
     fn required_input_distribution(&self) -> Vec<Distribution> {
         self.input_distribution_requirements().into_per_child()
     }
@@ -210,19 +202,7 @@ impl ExecutionPlan for KeyWindowExec {
         }))
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    one_input_basics!();
 
     fn execute(
         &self,

@@ -43,9 +43,9 @@ use datafusion::physical_expr::{
     EquivalenceProperties, Partitioning, PhysicalExpr, PhysicalSortExpr,
 };
 use datafusion::physical_plan::execution_plan::{
-    Boundedness, ChildrenPropertiesMode, EmissionType, ReplaceChildrenOptions,
+    Boundedness, EmissionType, ReplaceChildrenOptions,
 };
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, InputDistributionRequirements,
@@ -55,12 +55,12 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
 use super::exec::Shift;
-use super::operator::{only_child, visit};
 use super::walk::{
     Keys, Links, NONE, NULL_HASH, Prepared, bytes, in_order, links, on_threads, row_at, split,
     walk_keys,
 };
 use crate::query::keytable::KeyHasher;
+use crate::query::operator::{one_input_basics, only_child, visit};
 
 /// The largest `lag`/`lead` offset computed here: a row's k-th neighbour
 /// is found by following k links, so a larger offset is left to the sort.
@@ -135,14 +135,6 @@ impl ExecutionPlan for HashedWindowExec {
         "HashedWindowExec"
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
     fn required_input_distribution(&self) -> Vec<Distribution> {
         self.input_distribution_requirements().into_per_child()
     }
@@ -189,19 +181,7 @@ impl ExecutionPlan for HashedWindowExec {
         }))
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    one_input_basics!();
 
     fn execute(
         &self,

@@ -31,7 +31,6 @@
 mod collide;
 mod exec;
 mod hashed;
-mod operator;
 mod order;
 mod walk;
 

@@ -40,14 +40,14 @@ use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
     InputDistributionRequirements, PlanProperties, RecordBatchStream,
 };
 use futures::{Stream, StreamExt};
 
-use super::operator::{on_keys, only_child, visit};
+use crate::query::operator::{on_keys, one_input_basics, only_child, visit};
 
 /// The name of the column [`KeyOrderExec`] appends.
 pub(super) const ORDER_COLUMN: &str = "__waltail_key_order";
@@ -135,14 +135,6 @@ impl ExecutionPlan for KeyOrderExec {
         "KeyOrderExec"
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
     fn required_input_distribution(&self) -> Vec<Distribution> {
         self.input_distribution_requirements().into_per_child()
     }
@@ -184,19 +176,7 @@ impl ExecutionPlan for KeyOrderExec {
         }))
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
-        )
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    one_input_basics!();
 
     fn execute(
         &self,
