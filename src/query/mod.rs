@@ -28,6 +28,7 @@ pub(crate) mod catalog;
 mod early;
 mod fanout;
 mod kept;
+mod keybitmap;
 mod keytable;
 mod known;
 pub(crate) mod merge;
@@ -440,6 +441,9 @@ fn bare_session(store: Arc<dyn ObjectStore>) -> SessionContext {
     // A filter on `_op` under a join's probe side, evaluated by the join
     // on the rows it matched (see [`probefilter`]).
     .with_physical_optimizer_rule(Arc::new(probefilter::ProbeFilterInJoin))
+    // A join on one integer key checks its probe side's keys against a
+    // bitmap of its build side's (see [`keybitmap`]).
+    .with_physical_optimizer_rule(Arc::new(keybitmap::KeyBitmapRule))
     .build();
     let ctx = SessionContext::new_with_state(state);
     let url = ObjectStoreUrl::parse(ARCHIVE_URL).expect("a valid URL");
