@@ -5,16 +5,15 @@
 //! the history probes every change, and most find nothing: DataFusion's
 //! join hashes each row's key and looks it up in its table, for 2% of
 //! them to match. When the join is on one integer key and the build side's
-//! keys span a range of at most [`MAX_BITS`], [`KeyCollectExec`] on the
+//! keys span a range of at most [`MAX_BITS`], `KeyCollectExec` ([`KeyCollect`]) on the
 //! build side notes the keys as they pass into the join's table, and
-//! [`KeyBitmapExec`] on the probe side keeps only the rows whose key is
+//! `KeyBitmapExec` ([`KeyBitmap`]) on the probe side keeps only the rows whose key is
 //! one of them (one bit read per row) before the join sees them. The join
 //! takes all of its build side before it reads its probe side, so the
 //! bitmap is whole by then; a probe side read before it is (which
 //! DataFusion does not do) passes its rows on as they are. The join's
 //! answer is the same: the rows taken out are those no build row matches.
 
-use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
@@ -22,23 +21,20 @@ use arrow::buffer::BooleanBuffer;
 use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::{DataType, Int64Type};
 use datafusion::common::NullEquality;
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result as DfResult;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::JoinType;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::execution_plan::ReplaceChildrenOptions;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
-};
+use datafusion::physical_plan::metrics::BaselineMetrics;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use futures::StreamExt;
+use futures::stream::BoxStream;
 
-use crate::query::operator::{one_input_basics, only_child, visit};
+use crate::query::operator::{BatchStep, StepExec};
 
 /// The widest range of keys a bitmap covers: 2^26 bits, 8 MiB.
 const MAX_BITS: u64 = 1 << 26;
@@ -132,16 +128,20 @@ impl PhysicalOptimizerRule for KeyBitmapRule {
                 return Ok(Transformed::no(node));
             }
             let published: Published = Arc::new(OnceLock::new());
-            let collect = Arc::new(KeyCollectExec::new(
+            let collect = Arc::new(StepExec::new(
                 Arc::clone(left),
                 Arc::clone(left_key),
-                Arc::clone(&published),
+                Arc::new(KeyCollect {
+                    published: Arc::clone(&published),
+                }),
             ));
-            let check = Arc::new(KeyBitmapExec::new(
+            let check = Arc::new(StepExec::new(
                 Arc::clone(right),
                 Arc::clone(right_key),
-                published,
-                join.null_equality() == NullEquality::NullEqualsNull,
+                Arc::new(KeyBitmap {
+                    published,
+                    nulls_match: join.null_equality() == NullEquality::NullEqualsNull,
+                }),
             ));
             let new = join
                 .builder()
@@ -163,81 +163,36 @@ impl PhysicalOptimizerRule for KeyBitmapRule {
 }
 
 /// Passes the build side on, noting its keys; publishes them as a bitmap
-/// when it has passed whole.
-#[derive(Debug, Clone)]
-pub(crate) struct KeyCollectExec {
-    input: Arc<dyn ExecutionPlan>,
-    key: Arc<dyn PhysicalExpr>,
+/// when it has passed whole. A [`StepExec`] with it shows as
+/// `KeyCollectExec`.
+#[derive(Debug)]
+struct KeyCollect {
     published: Published,
-    properties: Arc<PlanProperties>,
-    metrics: ExecutionPlanMetricsSet,
 }
 
-impl KeyCollectExec {
-    fn new(
-        input: Arc<dyn ExecutionPlan>,
-        key: Arc<dyn PhysicalExpr>,
-        published: Published,
-    ) -> KeyCollectExec {
-        KeyCollectExec {
-            properties: Arc::clone(input.properties()),
-            input,
-            key,
-            published,
-            metrics: ExecutionPlanMetricsSet::new(),
-        }
-    }
-}
-
-impl DisplayAs for KeyCollectExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "KeyCollectExec: {}", self.key)
-    }
-}
-
-impl ExecutionPlan for KeyCollectExec {
+impl BatchStep for KeyCollect {
     fn name(&self) -> &'static str {
         "KeyCollectExec"
     }
 
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
+    fn renewed(&self) -> Arc<dyn BatchStep> {
+        // A new plan: a bitmap no probe side waits for.
+        Arc::new(KeyCollect {
+            published: Arc::new(OnceLock::new()),
+        })
     }
 
-    fn apply_expressions(
+    fn stream(
         &self,
-        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        visit([&self.key], f)
-    }
-
-    fn replace_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-        _options: ReplaceChildrenOptions,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(KeyCollectExec::new(
-            only_child(children, "KeyCollectExec")?,
-            Arc::clone(&self.key),
-            Arc::new(OnceLock::new()),
-        )))
-    }
-
-    one_input_basics!();
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, context)?;
-        let key = Arc::clone(&self.key);
+        input: SendableRecordBatchStream,
+        key: Arc<dyn PhysicalExpr>,
+        baseline: BaselineMetrics,
+    ) -> BoxStream<'static, DfResult<RecordBatch>> {
         let published = Arc::clone(&self.published);
-        let baseline = BaselineMetrics::new(&self.metrics, partition);
         // The keys seen; `None` once one is not an integer.
         let keys: Arc<Mutex<Option<Vec<i64>>>> = Arc::new(Mutex::new(Some(Vec::new())));
         let noted = Arc::clone(&keys);
-        let batches = input
+        input
             .map(move |batch| {
                 let note = |batch: RecordBatch| -> DfResult<RecordBatch> {
                     let timer = baseline.elapsed_compute().timer();
@@ -259,120 +214,65 @@ impl ExecutionPlan for KeyCollectExec {
                 let _ = published.set(keys.and_then(|k| Bitmap::of(&k)));
                 None
             }))
-            .filter_map(futures::future::ready);
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.input.schema(),
-            batches,
-        )))
+            .filter_map(futures::future::ready)
+            .boxed()
     }
 }
 
 /// Keeps the probe side's rows whose key the build side has (see the
-/// module doc).
-#[derive(Debug, Clone)]
-pub(crate) struct KeyBitmapExec {
-    input: Arc<dyn ExecutionPlan>,
-    key: Arc<dyn PhysicalExpr>,
+/// module doc). A [`StepExec`] with it shows as `KeyBitmapExec`.
+#[derive(Debug)]
+struct KeyBitmap {
     published: Published,
     /// Whether a null key matches a null one (then rows of null keys stay).
     nulls_match: bool,
-    properties: Arc<PlanProperties>,
-    metrics: ExecutionPlanMetricsSet,
 }
 
-impl KeyBitmapExec {
-    fn new(
-        input: Arc<dyn ExecutionPlan>,
-        key: Arc<dyn PhysicalExpr>,
-        published: Published,
-        nulls_match: bool,
-    ) -> KeyBitmapExec {
-        KeyBitmapExec {
-            properties: Arc::clone(input.properties()),
-            input,
-            key,
-            published,
-            nulls_match,
-            metrics: ExecutionPlanMetricsSet::new(),
-        }
-    }
-}
-
-impl DisplayAs for KeyBitmapExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "KeyBitmapExec: {}", self.key)
-    }
-}
-
-impl ExecutionPlan for KeyBitmapExec {
+impl BatchStep for KeyBitmap {
     fn name(&self) -> &'static str {
         "KeyBitmapExec"
     }
 
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
+    fn renewed(&self) -> Arc<dyn BatchStep> {
+        // A new plan: a bitmap never published, so nothing is checked.
+        Arc::new(KeyBitmap {
+            published: Arc::new(OnceLock::new()),
+            nulls_match: self.nulls_match,
+        })
     }
 
-    fn apply_expressions(
+    fn stream(
         &self,
-        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        visit([&self.key], f)
-    }
-
-    fn replace_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-        _options: ReplaceChildrenOptions,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        // A new input is a new plan: its own bitmap, never published, so
-        // it checks nothing (the rule makes both operators together).
-        Ok(Arc::new(KeyBitmapExec::new(
-            only_child(children, "KeyBitmapExec")?,
-            Arc::clone(&self.key),
-            Arc::new(OnceLock::new()),
-            self.nulls_match,
-        )))
-    }
-
-    one_input_basics!();
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, context)?;
-        let key = Arc::clone(&self.key);
+        input: SendableRecordBatchStream,
+        key: Arc<dyn PhysicalExpr>,
+        baseline: BaselineMetrics,
+    ) -> BoxStream<'static, DfResult<RecordBatch>> {
         let published = Arc::clone(&self.published);
         let nulls_match = self.nulls_match;
-        let baseline = BaselineMetrics::new(&self.metrics, partition);
-        let batches = input.map(move |batch| {
-            let batch = batch?;
-            let Some(Some(bitmap)) = published.get() else {
-                return Ok(batch);
-            };
-            let timer = baseline.elapsed_compute().timer();
-            let values = key.evaluate(&batch)?.into_array(batch.num_rows())?;
-            let Some(values) = integers(values.as_ref())? else {
-                return Ok(batch);
-            };
-            let keep = BooleanBuffer::collect_bool(values.len(), |i| {
-                if values.is_null(i) {
-                    nulls_match
-                } else {
-                    bitmap.has(values.value(i))
-                }
-            });
-            let out = filter_record_batch(&batch, &BooleanArray::new(keep, None))?;
-            timer.done();
-            baseline.record_output(out.num_rows());
-            Ok(out)
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.input.schema(),
-            batches,
-        )))
+        input
+            .map(move |batch| {
+                let batch = batch?;
+                let Some(Some(bitmap)) = published.get() else {
+                    return Ok(batch);
+                };
+                let timer = baseline.elapsed_compute().timer();
+                let values = key.evaluate(&batch)?.into_array(batch.num_rows())?;
+                let Some(values) = integers(values.as_ref())? else {
+                    return Ok(batch);
+                };
+                let keep = BooleanBuffer::collect_bool(values.len(), |i| {
+                    if values.is_null(i) {
+                        nulls_match
+                    } else {
+                        bitmap.has(values.value(i))
+                    }
+                });
+                let out = filter_record_batch(&batch, &BooleanArray::new(keep, None))?;
+                timer.done();
+                baseline.record_output(out.num_rows());
+                Ok(out)
+            })
+            .boxed()
     }
 }
 

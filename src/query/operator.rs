@@ -80,3 +80,108 @@ pub(crate) fn on_keys(keys: &[Arc<dyn PhysicalExpr>]) -> Distribution {
         Distribution::KeyPartitioned(keys.to_vec())
     }
 }
+
+/// What an operator of one input and one expression does to each of its
+/// input partitions' batches, as a [`StepExec`] runs it: the filters and
+/// the key bitmap around a join (`probefilter`, `keybitmap`) are such
+/// steps, and share the plan's side of it.
+pub(crate) trait BatchStep: std::fmt::Debug + Send + Sync {
+    /// Its name in plans.
+    fn name(&self) -> &'static str;
+
+    /// The step for a plan built anew (new children): state it shares with
+    /// another operator is not carried over.
+    fn renewed(&self) -> Arc<dyn BatchStep>;
+
+    /// One partition's batches through the step, `expr` evaluated on them.
+    fn stream(
+        &self,
+        input: datafusion::execution::SendableRecordBatchStream,
+        expr: Arc<dyn PhysicalExpr>,
+        baseline: datafusion::physical_plan::metrics::BaselineMetrics,
+    ) -> futures::stream::BoxStream<'static, DfResult<arrow::array::RecordBatch>>;
+}
+
+/// A [`BatchStep`] as a plan: its input's properties, order and
+/// partitions kept.
+#[derive(Debug, Clone)]
+pub(crate) struct StepExec {
+    input: Arc<dyn ExecutionPlan>,
+    expr: Arc<dyn PhysicalExpr>,
+    step: Arc<dyn BatchStep>,
+    properties: Arc<datafusion::physical_plan::PlanProperties>,
+    metrics: datafusion::physical_plan::metrics::ExecutionPlanMetricsSet,
+}
+
+impl StepExec {
+    pub(crate) fn new(
+        input: Arc<dyn ExecutionPlan>,
+        expr: Arc<dyn PhysicalExpr>,
+        step: Arc<dyn BatchStep>,
+    ) -> StepExec {
+        StepExec {
+            properties: Arc::clone(input.properties()),
+            input,
+            expr,
+            step,
+            metrics: Default::default(),
+        }
+    }
+}
+
+impl datafusion::physical_plan::DisplayAs for StepExec {
+    fn fmt_as(
+        &self,
+        _t: datafusion::physical_plan::DisplayFormatType,
+        f: &mut std::fmt::Formatter,
+    ) -> std::fmt::Result {
+        write!(f, "{}: {}", self.step.name(), self.expr)
+    }
+}
+
+impl ExecutionPlan for StepExec {
+    fn name(&self) -> &'static str {
+        self.step.name()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        f(&self.expr)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: datafusion::physical_plan::execution_plan::ReplaceChildrenOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(StepExec::new(
+            only_child(children, self.step.name())?,
+            Arc::clone(&self.expr),
+            self.step.renewed(),
+        )))
+    }
+
+    one_input_basics!();
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<datafusion::execution::TaskContext>,
+    ) -> DfResult<datafusion::execution::SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let baseline =
+            datafusion::physical_plan::metrics::BaselineMetrics::new(&self.metrics, partition);
+        Ok(Box::pin(
+            datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+                self.input.schema(),
+                self.step.stream(input, Arc::clone(&self.expr), baseline),
+            ),
+        ))
+    }
+}

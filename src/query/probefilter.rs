@@ -8,7 +8,7 @@
 //! most rows (it has three values, and an archive is mostly updates, or
 //! mostly inserts), while a join to a filtered side often matches few.
 //! [`ProbeFilterInJoin`] makes the predicate the join's filter, evaluated
-//! on the rows the join matched, and puts an [`EarlyFilterExec`] where the
+//! on the rows the join matched, and puts an [`EarlyFilter`] where the
 //! filter was: it filters only where a partition's first batch shows that
 //! few rows pass (`_op = 'delete'`), sparing the join their lookups, and
 //! passes the batches of a common operation on as they are.
@@ -32,19 +32,19 @@
 //! repartitioning) of such filters with one predicate (the history: one
 //! scan per day). Any other plan is left as it is.
 
-use std::fmt;
 use std::sync::Arc;
 
+use arrow::array::RecordBatch;
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::cast::as_boolean_array;
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{JoinSide, ScalarValue};
 use datafusion::config::ConfigOptions;
 use datafusion::datasource::physical_plan::{FileScanConfig, FileSource, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result as DfResult;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::JoinType;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{CastExpr, Column, Literal};
@@ -55,15 +55,14 @@ use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceC
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::joins::utils::{ColumnIndex, JoinFilter};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
+use datafusion::physical_plan::metrics::BaselineMetrics;
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::union::UnionExec;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, PlanProperties};
 use futures::StreamExt;
+use futures::stream::BoxStream;
 
-use crate::query::operator::{one_input_basics, only_child};
+use crate::query::operator::{BatchStep, StepExec};
 
 /// The history's column of each change's operation.
 const OP: &str = "_op";
@@ -259,7 +258,7 @@ fn unfiltered(plan: &Arc<dyn ExecutionPlan>) -> DfResult<Option<Unfiltered>> {
             .collect::<Vec<_>>();
         let projected = Arc::new(ProjectionExec::try_new(exprs, Arc::clone(input))?);
         let predicate = with_views(&renumbered(predicate, &kept)?)?;
-        let early = Arc::new(EarlyFilterExec::new(projected, Arc::clone(&predicate)));
+        let early = Arc::new(EarlyFilter::exec(projected, Arc::clone(&predicate)));
         return Ok(Some((early, predicate)));
     }
     if let Some(repartition) = plan.downcast_ref::<RepartitionExec>() {
@@ -309,98 +308,59 @@ fn unfiltered(plan: &Arc<dyn ExecutionPlan>) -> DfResult<Option<Unfiltered>> {
 /// predicate on what it matched (see the module doc), it keeps a filter on
 /// a rare operation (`_op = 'delete'`) before the join, where it spares
 /// the join most of its lookups, and passes the batches of a common one on
-/// as they are.
-#[derive(Debug, Clone)]
-pub(crate) struct EarlyFilterExec {
-    input: Arc<dyn ExecutionPlan>,
-    predicate: Arc<dyn PhysicalExpr>,
-    properties: Arc<PlanProperties>,
-    metrics: ExecutionPlanMetricsSet,
-}
+/// as they are. A [`StepExec`] with it shows as `EarlyFilterExec`.
+#[derive(Debug)]
+pub(crate) struct EarlyFilter;
 
 /// The share of a partition's first batch's rows at or below which
-/// [`EarlyFilterExec`] filters.
+/// [`EarlyFilter`] filters.
 const EARLY: (usize, usize) = (1, 2);
 
-impl EarlyFilterExec {
-    fn new(input: Arc<dyn ExecutionPlan>, predicate: Arc<dyn PhysicalExpr>) -> EarlyFilterExec {
-        EarlyFilterExec {
-            properties: Arc::clone(input.properties()),
-            input,
-            predicate,
-            metrics: ExecutionPlanMetricsSet::new(),
-        }
+impl EarlyFilter {
+    fn exec(input: Arc<dyn ExecutionPlan>, predicate: Arc<dyn PhysicalExpr>) -> StepExec {
+        StepExec::new(input, predicate, Arc::new(EarlyFilter))
     }
 }
 
-impl DisplayAs for EarlyFilterExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "EarlyFilterExec: {}", self.predicate)
-    }
-}
-
-impl ExecutionPlan for EarlyFilterExec {
+impl BatchStep for EarlyFilter {
     fn name(&self) -> &'static str {
         "EarlyFilterExec"
     }
 
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
+    fn renewed(&self) -> Arc<dyn BatchStep> {
+        Arc::new(EarlyFilter)
     }
 
-    fn apply_expressions(
+    fn stream(
         &self,
-        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        f(&self.predicate)
-    }
-
-    fn replace_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-        _options: ReplaceChildrenOptions,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(EarlyFilterExec::new(
-            only_child(children, "EarlyFilterExec")?,
-            Arc::clone(&self.predicate),
-        )))
-    }
-
-    one_input_basics!();
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, context)?;
-        let predicate = Arc::clone(&self.predicate);
-        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        input: SendableRecordBatchStream,
+        predicate: Arc<dyn PhysicalExpr>,
+        baseline: BaselineMetrics,
+    ) -> BoxStream<'static, DfResult<RecordBatch>> {
         // None until a batch with rows tells whether to filter.
         let mut filtering: Option<bool> = None;
-        let batches = input.map(move |batch| {
-            let batch = batch?;
-            if filtering == Some(false) || batch.num_rows() == 0 {
-                baseline.record_output(batch.num_rows());
-                return Ok(batch);
-            }
-            let timer = baseline.elapsed_compute().timer();
-            let mask = predicate.evaluate(&batch)?.into_array(batch.num_rows())?;
-            let mask = as_boolean_array(&mask)?;
-            let filter = *filtering
-                .get_or_insert_with(|| mask.true_count() * EARLY.1 <= batch.num_rows() * EARLY.0);
-            let out = match filter {
-                true => filter_record_batch(&batch, mask)?,
-                false => batch,
-            };
-            timer.done();
-            baseline.record_output(out.num_rows());
-            Ok(out)
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.input.schema(),
-            batches,
-        )))
+        input
+            .map(move |batch| {
+                let batch = batch?;
+                if filtering == Some(false) || batch.num_rows() == 0 {
+                    baseline.record_output(batch.num_rows());
+                    return Ok(batch);
+                }
+                let timer = baseline.elapsed_compute().timer();
+                let mask = predicate.evaluate(&batch)?.into_array(batch.num_rows())?;
+                let mask = as_boolean_array(&mask)?;
+                let filter = *filtering.get_or_insert_with(|| {
+                    mask.true_count() * EARLY.1 <= batch.num_rows() * EARLY.0
+                });
+                let out = match filter {
+                    true => filter_record_batch(&batch, mask)?,
+                    false => batch,
+                };
+                timer.done();
+                baseline.record_output(out.num_rows());
+                Ok(out)
+            })
+            .boxed()
     }
 }
 
@@ -513,6 +473,7 @@ mod tests {
     #[tokio::test]
     async fn the_early_filter_filters_only_rare_rows() {
         use datafusion::datasource::memory::MemorySourceConfig;
+        use datafusion::execution::TaskContext;
         use datafusion::physical_expr::expressions::{BinaryExpr, col, lit};
         use datafusion::physical_plan::collect;
 
@@ -545,7 +506,7 @@ mod tests {
                 datafusion::logical_expr::Operator::Eq,
                 lit(ScalarValue::Utf8View(Some(op.into()))),
             ));
-            let exec = Arc::new(EarlyFilterExec::new(input, predicate));
+            let exec = Arc::new(EarlyFilter::exec(input, predicate));
             let out = collect(exec, Arc::new(TaskContext::default()))
                 .await
                 .unwrap();
