@@ -17,7 +17,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
-use arrow::buffer::BooleanBuffer;
+use arrow::buffer::{BooleanBuffer, NullBuffer};
 use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::{DataType, Int64Type};
 use datafusion::common::NullEquality;
@@ -71,12 +71,22 @@ impl Bitmap {
     }
 
     fn has(&self, key: i64) -> bool {
-        let at = (key as i128) - (self.low as i128);
-        if at < 0 || at >= (self.bits.len() as i128) * 64 {
-            return false;
+        // Below `low` wraps to a place past the end: one comparison.
+        let at = key.wrapping_sub(self.low) as u64;
+        self.bits
+            .get((at / 64) as usize)
+            .is_some_and(|word| word & (1 << (at % 64)) != 0)
+    }
+
+    /// Which of `keys` it has, a bit each; null keys (by `nulls`, their
+    /// validity) are kept when `nulls_match`, and dropped otherwise.
+    fn check(&self, keys: &[i64], nulls: Option<&NullBuffer>, nulls_match: bool) -> BooleanBuffer {
+        let found = BooleanBuffer::collect_bool(keys.len(), |i| self.has(keys[i]));
+        match (nulls, nulls_match) {
+            (None, _) => found,
+            (Some(valid), false) => &found & valid.inner(),
+            (Some(valid), true) => &found | &!valid.inner(),
         }
-        let at = at as usize;
-        self.bits[at / 64] & (1 << (at % 64)) != 0
     }
 }
 
@@ -260,13 +270,7 @@ impl BatchStep for KeyBitmap {
                 let Some(values) = integers(values.as_ref())? else {
                     return Ok(batch);
                 };
-                let keep = BooleanBuffer::collect_bool(values.len(), |i| {
-                    if values.is_null(i) {
-                        nulls_match
-                    } else {
-                        bitmap.has(values.value(i))
-                    }
-                });
+                let keep = bitmap.check(values.values(), values.nulls(), nulls_match);
                 let out = filter_record_batch(&batch, &BooleanArray::new(keep, None))?;
                 timer.done();
                 baseline.record_output(out.num_rows());
@@ -297,6 +301,35 @@ mod tests {
         assert!(Bitmap::of(&[0, MAX_BITS as i64 - 1]).is_some());
         assert!(Bitmap::of(&[0, MAX_BITS as i64]).is_none());
         assert!(Bitmap::of(&[i64::MIN, i64::MAX]).is_none());
+        // Keys at the ends of i64: a difference that wraps is still out.
+        let high = Bitmap::of(&[i64::MAX - 3, i64::MAX]).unwrap();
+        assert!(high.has(i64::MAX) && high.has(i64::MAX - 3) && !high.has(i64::MAX - 1));
+        assert!(!high.has(i64::MIN) && !high.has(i64::MIN + 2) && !high.has(0));
+        let low = Bitmap::of(&[i64::MIN, i64::MIN + 2]).unwrap();
+        assert!(low.has(i64::MIN) && low.has(i64::MIN + 2) && !low.has(i64::MIN + 1));
+        assert!(!low.has(i64::MAX) && !low.has(-1) && !low.has(0));
+    }
+
+    #[test]
+    fn a_check_keeps_null_keys_only_when_nulls_match() {
+        let bitmap = Bitmap::of(&[1, 3]).unwrap();
+        let keys = arrow::array::Int64Array::from(vec![Some(1), None, Some(2), Some(3), None]);
+        let kept = |nulls_match| -> Vec<bool> {
+            bitmap
+                .check(keys.values(), keys.nulls(), nulls_match)
+                .iter()
+                .collect()
+        };
+        assert_eq!(kept(false), [true, false, false, true, false]);
+        assert_eq!(kept(true), [true, true, false, true, true]);
+        // No validity: every key is checked as it is.
+        assert_eq!(
+            bitmap
+                .check(&[0, 1, 3, 4], None, false)
+                .iter()
+                .collect::<Vec<_>>(),
+            [false, true, true, false]
+        );
     }
 
     /// `l (id, account, name)`: 300 rows, ids -300..=597 by 3; `h (id,
