@@ -18,14 +18,18 @@
 //! given up too: the run after the check reports it with the snapshot it
 //! belongs to.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::error::Result as DfResult;
 use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::TaskContext;
 use datafusion::execution::context::SQLOptions;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::prelude::SessionContext;
+use datafusion::physical_plan::{ExecutionPlan, execute_stream};
+use datafusion::prelude::{DataFrame, SessionContext};
 use datafusion::sql::parser::Statement;
 use futures::StreamExt;
 
@@ -57,6 +61,17 @@ pub(crate) fn may_run_early(statement: &Statement) -> bool {
         if matches!(**s, datafusion::sql::sqlparser::ast::Statement::Query(_)))
 }
 
+/// The plan that runs `frame`, and the context to run it in. Made apart
+/// from running it so that `--timing` counts it as planning: it reads
+/// each file's statistics and applies the plan's rules, a large part of a
+/// short query's time.
+pub(crate) async fn physical(
+    frame: DataFrame,
+) -> DfResult<(Arc<dyn ExecutionPlan>, Arc<TaskContext>)> {
+    let task = Arc::new(frame.task_ctx());
+    Ok((frame.create_physical_plan().await?, task))
+}
+
 /// Runs `statement` in `ctx` (the last statement's session and tables) and
 /// holds its result; `None` if it failed or its result grew past
 /// [`EARLY_RESULT_BYTES`].
@@ -68,9 +83,10 @@ pub(crate) async fn run(ctx: &SessionContext, statement: Statement) -> Option<Ea
         .verify_plan(&plan)
         .ok()?;
     let frame = ctx.execute_logical_plan(plan).await.ok()?;
+    let (physical, task) = physical(frame).await.ok()?;
     let plan = planning.elapsed();
     let running = Instant::now();
-    let mut stream = frame.execute_stream().await.ok()?;
+    let mut stream = execute_stream(physical, task).ok()?;
     let schema = stream.schema();
     let mut batches = Vec::new();
     let mut bytes = 0;

@@ -287,9 +287,11 @@ impl Query {
                 let plan = state.statement_to_plan(statement).await.map_err(located)?;
                 options.verify_plan(&plan).map_err(located)?;
                 let frame = ctx.execute_logical_plan(plan).await.map_err(located)?;
+                let (physical, task) = early::physical(frame).await.map_err(located)?;
                 phases.plan += planning.elapsed();
                 let running = Instant::now();
-                let stream = frame.execute_stream().await.map_err(located)?;
+                let stream =
+                    datafusion::physical_plan::execute_stream(physical, task).map_err(located)?;
                 // A statement without columns (SET) prints nothing, not even a separator.
                 let printed = !stream.schema().fields().is_empty();
                 let (written, _) = output::write(&mut out, self.format, stream, located).await?;
