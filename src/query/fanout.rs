@@ -48,6 +48,8 @@ use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMerge
 use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning, StatisticsArgs, StatisticsContext};
 
+use crate::query::densecount;
+
 /// Groups per part that fit a core's cache: with 8-byte keys and counts,
 /// about a megabyte of table.
 const GROUPS_PER_PART: usize = 16_384;
@@ -118,6 +120,9 @@ fn widen(plan: &Arc<dyn ExecutionPlan>, cores: usize) -> DfResult<Option<Arc<dyn
     let Some(first) = split.input().downcast_ref::<AggregateExec>() else {
         return Ok(None);
     };
+    if let Some(dense) = densecount::dense(aggregate, first, cores)? {
+        return Ok(Some(dense));
+    }
     let parts = parts(first, cores)?;
     if *n >= parts {
         return Ok(None);
@@ -239,7 +244,7 @@ mod tests {
                 "Hash([id@0], 13)",
             ),
             (
-                "SELECT v, count(*) FROM t GROUP BY v ORDER BY v",
+                "SELECT v, count(*), sum(id) FROM t GROUP BY v ORDER BY v",
                 "Hash([v@0], 2)",
             ),
             (

@@ -25,6 +25,7 @@
 mod at;
 mod branches;
 pub(crate) mod catalog;
+mod densecount;
 mod early;
 mod fanout;
 mod kept;
