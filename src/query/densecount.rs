@@ -437,29 +437,20 @@ fn range(plan: &Arc<dyn ExecutionPlan>, index: usize) -> DfResult<Option<(i64, i
 mod tests {
     use arrow::datatypes::{Field, Schema};
     use datafusion::physical_plan::collect;
-    use datafusion::prelude::{ParquetReadOptions, SessionContext};
-    use parquet::arrow::ArrowWriter;
+    use datafusion::prelude::SessionContext;
 
     use super::*;
     use crate::query::fanout::GroupFanOut;
-    use crate::query::plans::{plan_and_answer, without_and_with};
+    use crate::query::plans::{parquet_sessions, plan_and_answer};
 
     /// `t (id, v)` in a Parquet file: 100,000 rows, `id` from -5,000 to
     /// 14,999 (null in every 50th row), `v` from 0 to 6 (null in every
     /// 11th); in two sessions of two cores, one with the rule.
     async fn sessions() -> (SessionContext, SessionContext, tempfile::TempDir) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.parquet");
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, true),
             Field::new("v", DataType::Int32, true),
         ]));
-        let mut writer = ArrowWriter::try_new(
-            std::fs::File::create(&path).unwrap(),
-            Arc::clone(&schema),
-            None,
-        )
-        .unwrap();
         let ids: Int64Array = (0..100_000)
             .map(|i| (i % 50 != 0).then_some(i64::from(i % 20_000) - 5_000))
             .collect();
@@ -467,15 +458,7 @@ mod tests {
             .map(|i| (i % 11 != 0).then_some(i % 7))
             .collect();
         let batch = RecordBatch::try_new(schema, vec![Arc::new(ids), Arc::new(vs)]).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
-        let (plain, with) = without_and_with(Arc::new(GroupFanOut));
-        for ctx in [&plain, &with] {
-            ctx.register_parquet("t", path.to_str().unwrap(), ParquetReadOptions::default())
-                .await
-                .unwrap();
-        }
-        (plain, with, dir)
+        parquet_sessions(Arc::new(GroupFanOut), &batch).await
     }
 
     #[tokio::test]

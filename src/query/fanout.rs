@@ -24,6 +24,10 @@
 //! apart is split wide too, for the milliseconds above. Text columns have no such
 //! bound in the statistics, and are left as they are.
 //!
+//! A grouping that only counts rows by one integer key whose range the
+//! statistics bound is not split at all: the walk puts a count in an
+//! array in its place (see [`densecount`]).
+//!
 //! Only the hash split before a final grouping changes, and only where the
 //! grouping's parts are merged into one stream above it through operators
 //! that take any number of parts (projections, filters, per-part sorts): a
@@ -191,27 +195,18 @@ fn with_child(
 mod tests {
     use arrow::array::{Int64Array, RecordBatch};
     use arrow::datatypes::{DataType, Field, Schema};
-    use datafusion::prelude::{ParquetReadOptions, SessionContext};
-    use parquet::arrow::ArrowWriter;
+    use datafusion::prelude::SessionContext;
 
     use super::*;
-    use crate::query::plans::{plan_and_answer, without_and_with};
+    use crate::query::plans::{parquet_sessions, plan_and_answer};
 
     /// `t (id, v)` in a Parquet file: ids 0 to 199,999 (each twice), and
     /// `v` from 0 to 9; in two sessions of two cores, one with the rule.
     async fn sessions() -> (SessionContext, SessionContext, tempfile::TempDir) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.parquet");
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, false),
             Field::new("v", DataType::Int64, false),
         ]));
-        let mut writer = ArrowWriter::try_new(
-            std::fs::File::create(&path).unwrap(),
-            Arc::clone(&schema),
-            None,
-        )
-        .unwrap();
         let ids: Vec<i64> = (0..400_000).map(|i| i % 200_000).collect();
         let batch = RecordBatch::try_new(
             schema,
@@ -221,15 +216,7 @@ mod tests {
             ],
         )
         .unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
-        let (plain, with) = without_and_with(Arc::new(GroupFanOut));
-        for ctx in [&plain, &with] {
-            ctx.register_parquet("t", path.to_str().unwrap(), ParquetReadOptions::default())
-                .await
-                .unwrap();
-        }
-        (plain, with, dir)
+        parquet_sessions(Arc::new(GroupFanOut), &batch).await
     }
 
     /// A grouping by a column whose statistics span 200,000 values is split

@@ -35,3 +35,28 @@ pub(crate) async fn plan_and_answer(ctx: &SessionContext, sql: &str) -> (String,
             .to_string(),
     )
 }
+
+/// [`without_and_with`] `rule`, each with `batch` as table `t`: one
+/// Parquet file in the folder returned (keep it while the sessions run).
+pub(crate) async fn parquet_sessions(
+    rule: Arc<dyn PhysicalOptimizerRule + Send + Sync>,
+    batch: &arrow::array::RecordBatch,
+) -> (SessionContext, SessionContext, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.parquet");
+    let file = std::fs::File::create(&path).unwrap();
+    let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+    writer.write(batch).unwrap();
+    writer.close().unwrap();
+    let (plain, with) = without_and_with(rule);
+    for ctx in [&plain, &with] {
+        ctx.register_parquet(
+            "t",
+            path.to_str().unwrap(),
+            datafusion::prelude::ParquetReadOptions::default(),
+        )
+        .await
+        .unwrap();
+    }
+    (plain, with, dir)
+}
