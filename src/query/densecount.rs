@@ -52,7 +52,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use crate::query::operator::{one_input_basics, only_child, visit};
+use crate::query::operator::{integer, one_input_basics, only_child, visit};
 
 /// The widest range of values counted in an array: 2^21, 16 MiB of
 /// counters per input partition.
@@ -86,14 +86,6 @@ pub(crate) fn counted_key(first: &AggregateExec) -> Option<Arc<dyn PhysicalExpr>
         });
     let unfiltered = first.filter_expr().iter().all(Option::is_none);
     (star && unfiltered).then(|| Arc::clone(key))
-}
-
-fn integer(data_type: &DataType) -> bool {
-    use DataType::*;
-    matches!(
-        data_type,
-        Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32
-    )
 }
 
 /// See the module doc. One output partition.

@@ -34,7 +34,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-use crate::query::operator::{BatchStep, StepExec};
+use crate::query::operator::{BatchStep, StepExec, integer};
 
 /// The widest range of keys a bitmap covers: 2^26 bits, 8 MiB.
 const MAX_BITS: u64 = 1 << 26;
@@ -99,15 +99,6 @@ fn integers(values: &dyn Array) -> DfResult<Option<arrow::array::Int64Array>> {
         )),
         _ => Ok(None),
     }
-}
-
-/// Whether a key of this type is checked against a bitmap.
-fn integer(data_type: &DataType) -> bool {
-    use DataType::*;
-    matches!(
-        data_type,
-        Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32
-    )
 }
 
 /// See the module doc.

@@ -58,6 +58,16 @@ macro_rules! one_input_basics {
 }
 pub(crate) use one_input_basics;
 
+/// Whether every value of this type is an `i64` value, as the operators
+/// that index keys by number (a bitmap, an array of counts) take them.
+pub(crate) fn integer(data_type: &arrow::datatypes::DataType) -> bool {
+    use arrow::datatypes::DataType::*;
+    matches!(
+        data_type,
+        Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32
+    )
+}
+
 /// The one input `name` takes, from the children DataFusion gives it.
 pub(crate) fn only_child(
     mut children: Vec<Arc<dyn ExecutionPlan>>,
