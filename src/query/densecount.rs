@@ -45,25 +45,25 @@ use datafusion::physical_plan::execution_plan::{
 };
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
-    InputDistributionRequirements, PlanProperties, StatisticsArgs, StatisticsContext,
+    InputDistributionRequirements, PlanProperties,
 };
 use futures::StreamExt;
 
+use crate::query::bounds::{Bounds, bounds};
 use crate::query::operator::{integer, one_input_basics, only_child, visit};
 
 /// The widest range of values counted in an array: 2^21, 16 MiB of
 /// counters per input partition.
-pub(crate) const MOST_SLOTS: usize = 1 << 21;
+const MOST_SLOTS: usize = 1 << 21;
 
 /// The most values of the range per row of the input the statistics count.
-pub(crate) const SLOTS_PER_ROW: usize = 4;
+const SLOTS_PER_ROW: usize = 4;
 
-/// The key column of `first` (a grouping's first step) if it is `count(*)`
-/// alone grouped by one integer column, with its index in `first`'s input.
-pub(crate) fn counted_key(first: &AggregateExec) -> Option<Arc<dyn PhysicalExpr>> {
+/// The key column of `first` (a grouping's first step), a column of its
+/// input, if it is `count(*)` alone grouped by one integer column.
+fn counted_key(first: &AggregateExec) -> Option<Column> {
     let group = first.group_expr();
     if !group.is_single() || group.expr().len() != 1 || !group.null_expr().is_empty() {
         return None;
@@ -85,7 +85,7 @@ pub(crate) fn counted_key(first: &AggregateExec) -> Option<Arc<dyn PhysicalExpr>
                 .is_some_and(|l| !l.value().is_null())
         });
     let unfiltered = first.filter_expr().iter().all(Option::is_none);
-    (star && unfiltered).then(|| Arc::clone(key))
+    (star && unfiltered).then(|| column.clone())
 }
 
 /// See the module doc. One output partition.
@@ -368,10 +368,19 @@ pub(crate) fn dense(
     let Some(key) = counted_key(first) else {
         return Ok(None);
     };
-    let Some(column) = key.downcast_ref::<Column>() else {
+    let Some(Bounds {
+        min,
+        max,
+        rows: Some(rows),
+    }) = bounds(first.input(), key.index())?
+    else {
         return Ok(None);
     };
-    let Some((low, high, rows)) = range(first.input(), column.index())? else {
+    let as_i64 = |v: ScalarValue| match v.cast_to(&DataType::Int64) {
+        Ok(ScalarValue::Int64(Some(i))) => Some(i),
+        _ => None,
+    };
+    let (Some(low), Some(high)) = (as_i64(min), as_i64(max)) else {
         return Ok(None);
     };
     let slots = (i128::from(high) - i128::from(low) + 1) as u128;
@@ -380,49 +389,12 @@ pub(crate) fn dense(
     }
     Ok(Some(Arc::new(DenseCountExec::new(
         Arc::clone(first.input()),
-        key,
+        Arc::new(key),
         low,
         slots as usize,
         cores,
         last.schema(),
     ))))
-}
-
-/// The smallest and largest values of column `index` of `plan` by its
-/// statistics, and the rows they count; of a union, over the inputs whose
-/// statistics give them (the changes not compacted yet have none: their
-/// keys are counted outside the range). `None` if no input gives them.
-fn range(plan: &Arc<dyn ExecutionPlan>, index: usize) -> DfResult<Option<(i64, i64, usize)>> {
-    if plan.is::<UnionExec>() {
-        let mut all: Option<(i64, i64, usize)> = None;
-        for input in plan.children() {
-            if let Some((low, high, rows)) = range(input, index)? {
-                all = Some(match all {
-                    Some((l, h, r)) => (l.min(low), h.max(high), r + rows),
-                    None => (low, high, rows),
-                });
-            }
-        }
-        return Ok(all);
-    }
-    let stats = StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new())?;
-    let Some(column) = stats.column_statistics.get(index) else {
-        return Ok(None);
-    };
-    let as_i64 = |v: &ScalarValue| {
-        v.cast_to(&DataType::Int64).ok().and_then(|v| match v {
-            ScalarValue::Int64(Some(i)) => Some(i),
-            _ => None,
-        })
-    };
-    let (Some(min), Some(max), Some(rows)) = (
-        column.min_value.get_value(),
-        column.max_value.get_value(),
-        stats.num_rows.get_value(),
-    ) else {
-        return Ok(None);
-    };
-    Ok(as_i64(min).zip(as_i64(max)).map(|(l, h)| (l, h, *rows)))
 }
 
 #[cfg(test)]

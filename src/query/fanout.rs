@@ -49,9 +49,9 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
-use datafusion::physical_plan::union::UnionExec;
-use datafusion::physical_plan::{ExecutionPlan, Partitioning, StatisticsArgs, StatisticsContext};
+use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 
+use crate::query::bounds::bounds;
 use crate::query::densecount;
 
 /// Groups per part that fit a core's cache: with 8-byte keys and counts,
@@ -157,26 +157,11 @@ fn parts(first: &AggregateExec, cores: usize) -> DfResult<usize> {
 }
 
 /// How many values column `index` of `plan` can hold, by its smallest and
-/// largest values in the statistics; 0 if they do not say. Of a union, the
-/// widest of its inputs that say: the archive's tables are unions of the
-/// compacted files, whose statistics say, and the changes not compacted
-/// yet, whose do not.
+/// largest values in the statistics (see [`bounds`]); 0 if they do not
+/// say.
 fn span(plan: &Arc<dyn ExecutionPlan>, index: usize) -> DfResult<usize> {
-    if plan.is::<UnionExec>() {
-        let mut widest = 0;
-        for input in plan.children() {
-            widest = widest.max(span(input, index)?);
-        }
-        return Ok(widest);
-    }
-    let stats = StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new())?;
-    Ok(stats
-        .column_statistics
-        .get(index)
-        .and_then(|s| {
-            let (min, max) = (s.min_value.get_value()?, s.max_value.get_value()?);
-            min.distance(max)
-        })
+    Ok(bounds(plan, index)?
+        .and_then(|b| b.min.distance(&b.max))
         .map_or(0, |d| d.saturating_add(1)))
 }
 

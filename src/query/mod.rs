@@ -23,6 +23,7 @@
 //! snapshot is the same (see [`early`]).
 
 mod at;
+mod bounds;
 mod branches;
 pub(crate) mod catalog;
 mod densecount;
