@@ -282,6 +282,14 @@ impl Archive {
         self.compacted.get(table).map_or(0, |e| e.next_seq)
     }
 
+    /// The seq `--at` places the latest view of `table` at, when that is
+    /// before its compacted view (which is then rebuilt from the history).
+    pub(crate) fn rebuilds_latest(&self, table: &str) -> Option<u64> {
+        let next = self.next_seq(table);
+        self.max_seq
+            .filter(|&n| next > 0 && n.saturating_add(1) < next)
+    }
+
     /// The compacted latest-view files of `table`, keys in the store.
     pub(crate) fn latest_files(&self, table: &str) -> &[String] {
         self.compacted

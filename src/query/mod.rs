@@ -29,6 +29,7 @@ pub(crate) mod catalog;
 mod densecount;
 mod early;
 mod fanout;
+mod footers;
 mod kept;
 mod keybitmap;
 mod keytable;
@@ -209,6 +210,8 @@ impl Query {
                 t.to_rfc3339()
             );
         }
+        // Footers are read ahead from a folder only (see [`footers`]).
+        let read_ahead = self.store.in_place();
         let (ctx, archive) = match kept.take() {
             Some((ctx, last)) if last.same_snapshot(&archive) => {
                 phases.reused = true;
@@ -216,7 +219,7 @@ impl Query {
             }
             Some((ctx, _)) => {
                 let archive = Arc::new(archive);
-                providers::register(&ctx, Arc::clone(&archive), &self.budget)
+                providers::register(&ctx, Arc::clone(&archive), &self.budget, read_ahead)
                     .map_err(|e| sql_error("", e))?;
                 (ctx, archive)
             }
@@ -228,7 +231,7 @@ impl Query {
                         .map_err(|e| Error::bug(format!("building the session: {e}")))?,
                     None => bare_session(Arc::clone(&self.store) as _),
                 };
-                providers::register(&ctx, Arc::clone(&archive), &self.budget)
+                providers::register(&ctx, Arc::clone(&archive), &self.budget, read_ahead)
                     .map_err(|e| sql_error("", e))?;
                 (ctx, archive)
             }

@@ -33,6 +33,7 @@ use datafusion::datasource::listing::{
 };
 use datafusion::datasource::provider_as_source;
 use datafusion::error::Result as DfResult;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::logical_expr::{
     ColumnarValue, LogicalPlanBuilder, ScalarUDF, Volatility, create_udf,
 };
@@ -41,6 +42,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::at::AtView;
 use super::catalog::Archive;
+use super::footers::{self, FOOTER_READ};
 use super::kept::{Budget, KeptTable};
 use super::merge::{Overlay, overlay_schema};
 use super::pushdown::ParquetScan;
@@ -62,11 +64,14 @@ const BATCH_ROWS: usize = 8192;
 /// NDJSON objects fetched at once while merging the tail.
 const FETCH_AHEAD: usize = 8;
 
-/// Registers the archive's tables in `ctx`.
+/// Registers the archive's tables in `ctx`; with `read_ahead`, a table's
+/// footers are read while the statement that names it is planned (see
+/// [`footers`]).
 pub(crate) fn register(
     ctx: &SessionContext,
     archive: Arc<Archive>,
     budget: &Arc<Budget>,
+    read_ahead: bool,
 ) -> DfResult<()> {
     let mut by_schema: BTreeMap<String, Vec<Arc<TableShape>>> = BTreeMap::new();
     for shape in archive.shapes.values() {
@@ -80,6 +85,7 @@ pub(crate) fn register(
         .catalog("datafusion")
         .ok_or_else(|| DataFusionError::Internal("no default catalog".into()))?;
     let history = Arc::new(MemoryCatalogProvider::new());
+    let runtime = read_ahead.then(|| ctx.runtime_env());
     for (schema, shapes) in &by_schema {
         default.register_schema(
             schema,
@@ -88,6 +94,7 @@ pub(crate) fn register(
                 shapes,
                 View::Latest,
                 budget,
+                runtime.as_ref(),
             )),
         )?;
         history.register_schema(
@@ -97,6 +104,7 @@ pub(crate) fn register(
                 shapes,
                 View::History,
                 budget,
+                runtime.as_ref(),
             )),
         )?;
     }
@@ -126,6 +134,9 @@ struct ArchiveSchema {
     built: Mutex<HashMap<String, Arc<dyn TableProvider>>>,
     /// For the decoded columns the latest views keep (see [`KeptTable`]).
     budget: Arc<Budget>,
+    /// The session's, whose cache of file metadata [`footers::warm`]
+    /// fills; `None`: no footers are read ahead.
+    runtime: Option<Arc<RuntimeEnv>>,
 }
 
 impl ArchiveSchema {
@@ -134,6 +145,7 @@ impl ArchiveSchema {
         shapes: &[Arc<TableShape>],
         view: View,
         budget: &Arc<Budget>,
+        runtime: Option<&Arc<RuntimeEnv>>,
     ) -> ArchiveSchema {
         ArchiveSchema {
             archive,
@@ -146,6 +158,7 @@ impl ArchiveSchema {
                 .collect(),
             built: Mutex::new(HashMap::new()),
             budget: Arc::clone(budget),
+            runtime: runtime.cloned(),
         }
     }
 }
@@ -162,6 +175,18 @@ impl SchemaProvider for ArchiveSchema {
         };
         if let Some(t) = self.built.lock().expect("not poisoned").get(name) {
             return Ok(Some(Arc::clone(t)));
+        }
+        // The footers of the compacted files the table scans, read while
+        // the statement is planned (see [`footers`]).
+        let scanned = match self.view {
+            View::Latest if self.archive.rebuilds_latest(&shape.table).is_none() => {
+                self.archive.latest_files(&shape.table)
+            }
+            View::Latest => &[],
+            View::History => self.archive.history_files(&shape.table),
+        };
+        if let Some(runtime) = &self.runtime {
+            footers::warm(runtime, scanned);
         }
         let table = match self.view {
             View::Latest => latest_table(&self.archive, shape, &self.budget).await,
@@ -203,18 +228,6 @@ fn cast_to(plan: LogicalPlanBuilder, schema: &Schema) -> DfResult<LogicalPlanBui
         .collect();
     plan.project(columns)
 }
-
-/// How many bytes from a Parquet file's end the first read of its footer
-/// takes. DataFusion's default is 512 KiB, one read for nearly any file on
-/// an object store, where a second round trip costs more than the bytes.
-/// Our files' footers are far smaller (2 KiB for a latest-view file, 11 KiB
-/// for a 5 MB history file, at the benchmark's sizes), so each file read
-/// 512 KiB it did not use: copied, and into memory faulted in for it.
-/// 64 KiB still takes footer and page index in one read. Measured on the
-/// archive of `scripts/bench-query.sh` at SCALE 1 (`SELECT count(*),
-/// sum(amount)` over the latest view's 16 files, whole processes, 41
-/// alternated runs): median 19.5 ms at 512 KiB, 17.4 ms at 64 KiB.
-const FOOTER_READ: usize = 64 * 1024;
 
 /// A Parquet table over explicit files or a folder, read as `schema` (its
 /// text as views: see [`with_views`]).
@@ -358,10 +371,7 @@ async fn latest_table(
     let files = archive.latest_files(&shape.table);
     let data: Vec<Expr> = shape.columns.iter().map(|c| ident(&c.name)).collect();
     // The compacted view is newer than --at: rebuild from the history.
-    if let Some(n) = archive.max_seq
-        && next > 0
-        && n.saturating_add(1) < next
-    {
+    if let Some(n) = archive.rebuilds_latest(&shape.table) {
         let mut files: Vec<(u64, String)> = archive
             .history_files(&shape.table)
             .iter()

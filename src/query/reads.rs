@@ -88,6 +88,12 @@ impl ReadStore {
         }
     }
 
+    /// Whether the archive is a local folder, whose small reads are done
+    /// in place.
+    pub(crate) fn in_place(&self) -> bool {
+        self.folder.is_some()
+    }
+
     /// `location`'s metadata from the sizes known, if it is one of them.
     fn known(&self, location: &Path) -> Option<ObjectMeta> {
         let known = self.sizes.read().unwrap_or_else(|e| e.into_inner());
