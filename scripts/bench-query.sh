@@ -29,6 +29,9 @@
 #        BENCH_BIN=path/to/waltail scripts/bench-query.sh   (that binary, no build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Runs are timed by the shell's clock, a decimal with a point.
+[ -n "${EPOCHREALTIME:-}" ] || { echo "bench-query.sh needs bash 5 or later (\$EPOCHREALTIME)" >&2; exit 1; }
+LC_NUMERIC=C
 # SCALES="0.2 0.4 1" runs the whole benchmark at each scale in turn (a
 # failure that shows at one size only cannot hide), stopping at the first
 # that fails.
@@ -141,16 +144,18 @@ best() {
   local b=""
   for _ in $(seq "$RUNS"); do
     local s e
-    s=$(date +%s.%N)
+    s=$EPOCHREALTIME
     "$@" >"$work/out" 2>"$work/err" || { cat "$work/err" >&2; exit 1; }
-    e=$(date +%s.%N)
+    e=$EPOCHREALTIME
     b=$(awk -v b="$b" -v t="$(awk -v s="$s" -v e="$e" 'BEGIN { print e - s }')" 'BEGIN { print (b == "" || t < b) ? t : b }')
   done
   echo "$b"
 }
 
 # `waltail query` and DuckDB's shell, each a whole process, alternating run
-# by run and which goes first (this machine's speed drifts); prints both
+# by run and which goes first (this machine's speed drifts), timed by the
+# shell's clock (`$EPOCHREALTIME`: no process of its own, where a
+# `$(date)` after each run would add its start, ~1 ms, to both); prints both
 # bests, leaves each one's last output in $work/out and $work/cli. The
 # shell reads no ~/.duckdbrc (-init /dev/null).
 best_pair() {
@@ -159,14 +164,14 @@ best_pair() {
     local s e order=(ours cli)
     [ $((i % 2)) = 0 ] && order=(cli ours)
     for who in "${order[@]}"; do
-      s=$(date +%s.%N)
+      s=$EPOCHREALTIME
       if [ "$who" = ours ]; then
         # shellcheck disable=SC2086 # QUERY_ARGS: extra words (--at N) or none
         "$bin" query ${QUERY_ARGS:-} --format csv "$1" >"$work/out" 2>"$work/err" || { cat "$work/err" >&2; return 1; }
       else
         "$duckdb_cli" -init /dev/null -csv -c "$2" >"$work/cli" 2>"$work/err" || { cat "$work/err" >&2; return 1; }
       fi
-      e=$(date +%s.%N)
+      e=$EPOCHREALTIME
       if [ "$who" = ours ]; then
         ours=$(awk -v b="$ours" -v s="$s" -v e="$e" 'BEGIN { t = e - s; print (b == "" || t < b) ? t : b }')
       else
