@@ -225,9 +225,9 @@ fn keep_freed_memory() {
 }
 
 /// Turns transparent huge pages off for this process (`prctl`), for every
-/// command but `compact`: mimalloc asks the kernel for 2 MiB pages, and
-/// each one the process touches is zeroed whole, mostly for nothing.
-/// Measured:
+/// command but `compact` (see [`huge_pages`]): mimalloc asks the kernel for
+/// 2 MiB pages, and each one the process touches is zeroed whole, mostly
+/// for nothing. Measured:
 /// - `waltail query` on the benchmark archive of `scripts/bench-query.sh`
 ///   (`perf record`): a third of a small query's CPU went to
 ///   `clear_page_erms`; with small pages (and the fixed-address binary, see
@@ -243,9 +243,15 @@ fn keep_freed_memory() {
 ///   difference beyond this VM's swings; which binary ran first in a pair
 ///   mattered more.
 ///
-/// `compact` keeps them: it holds hundreds of MiB for the whole run (see
-/// [`keep_freed_memory`]). A `MIMALLOC_ALLOW_THP` the user set wins.
-fn small_pages() {
+/// It runs before `main` (the binary calls it from `.init_array`), before
+/// the first allocation touches memory: mimalloc's first pages are touched
+/// while Rust's runtime starts, and set in `main` it came too late for
+/// them, two 2 MiB pages a query, zeroed by the kernel. On this VM that
+/// zeroing is at times slow (a page the host took back is faulted in
+/// again): `perf record` of ten top-k queries found one whose start spent
+/// 28 ms in it, and the slowest quarter of their processes spent 5-10 ms.
+/// A `MIMALLOC_ALLOW_THP` the user set wins.
+pub fn small_pages() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
         // SAFETY: PR_SET_THP_DISABLE takes and returns plain integers and
@@ -253,6 +259,20 @@ fn small_pages() {
         // EINVAL, and the process goes on with huge pages.
         unsafe {
             libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+        }
+    }
+}
+
+/// Turns transparent huge pages back on for `compact`, which holds hundreds
+/// of MiB for the whole run (see [`keep_freed_memory`]); the pages faulted
+/// in from here on may be huge again. A `MIMALLOC_ALLOW_THP` the user set
+/// wins.
+fn huge_pages() {
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        // SAFETY: as in `small_pages`.
+        unsafe {
+            libc::prctl(libc::PR_SET_THP_DISABLE, 0, 0, 0, 0);
         }
     }
 }
@@ -292,6 +312,11 @@ fn batch_scheduling() {
 /// Exit codes: 0 success, 1 a check or the pipeline failed, 2 bad configuration.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Small pages are set before main (see [`small_pages`]); a compaction
+    // takes huge pages again.
+    if matches!(cli.command, Command::Compact { .. }) {
+        huge_pages();
+    }
     // These need no configuration.
     match &cli.command {
         Command::Completions { shell } => {
@@ -348,9 +373,6 @@ pub fn main() -> ExitCode {
     if matches!(cli.command, Command::Compact { .. }) {
         // Before any thread starts: mimalloc's options are not thread safe.
         keep_freed_memory();
-    }
-    if !matches!(cli.command, Command::Compact { .. }) {
-        small_pages();
     }
     if matches!(cli.command, Command::Run { .. }) {
         batch_scheduling();

@@ -9,3 +9,16 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> std::process::ExitCode {
     waltail::cli::main()
 }
+
+/// Small pages for the process from its first allocation on, before Rust's
+/// runtime starts (see `waltail::cli::small_pages`): the loader runs the
+/// functions of `.init_array` before `main`.
+#[cfg(target_os = "linux")]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static SMALL_PAGES: extern "C" fn() = {
+    extern "C" fn small_pages() {
+        waltail::cli::small_pages();
+    }
+    small_pages
+};
