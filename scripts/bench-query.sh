@@ -58,11 +58,11 @@ else
 fi
 
 # Both programs' files read into the page cache as an installed program's
-# are: from the disk, in order. A binary just linked sits in the page cache
-# as the linker wrote it, in small pieces, and every process of it then
-# faults its code in more slowly: `SELECT 1` took 5.8 ms (fastest of 20)
-# from a binary copied a while before, 4.2 ms once its pages were dropped
-# and read back this way.
+# are: from the disk, in order. A binary just written (linked, or copied)
+# sits in the page cache as it was written, in small pieces, and every
+# process of it then faults its code in more slowly: `SELECT 1` took 5.8
+# ms (fastest of 20) from a copy made earlier, 4.2 ms once its pages were
+# dropped and read back this way.
 "$python" - "$bin" "$duckdb_cli" <<'PY'
 import os, sys
 for path in sys.argv[1:]:
