@@ -252,29 +252,25 @@ fn keep_freed_memory() {
 /// 28 ms in it, and the slowest quarter of their processes spent 5-10 ms.
 /// A `MIMALLOC_ALLOW_THP` the user set wins.
 pub fn small_pages() {
+    huge_pages(false);
+}
+
+/// Turns transparent huge pages on or off for this process (`prctl`); the
+/// pages faulted in from then on follow it. On for `compact`, which holds
+/// hundreds of MiB for the whole run (see [`keep_freed_memory`]). A
+/// `MIMALLOC_ALLOW_THP` the user set wins.
+fn huge_pages(on: bool) {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
         // SAFETY: PR_SET_THP_DISABLE takes and returns plain integers and
         // touches no memory of ours. A kernel without it refuses with
-        // EINVAL, and the process goes on with huge pages.
+        // EINVAL, and the process goes on as it was.
         unsafe {
-            libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+            libc::prctl(libc::PR_SET_THP_DISABLE, libc::c_ulong::from(!on), 0, 0, 0);
         }
     }
-}
-
-/// Turns transparent huge pages back on for `compact`, which holds hundreds
-/// of MiB for the whole run (see [`keep_freed_memory`]); the pages faulted
-/// in from here on may be huge again. A `MIMALLOC_ALLOW_THP` the user set
-/// wins.
-fn huge_pages() {
-    #[cfg(target_os = "linux")]
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
-        // SAFETY: as in `small_pages`.
-        unsafe {
-            libc::prctl(libc::PR_SET_THP_DISABLE, 0, 0, 0, 0);
-        }
-    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = on;
 }
 
 /// Runs `waltail run` under the kernel's batch policy (`SCHED_BATCH`):
@@ -315,7 +311,7 @@ pub fn main() -> ExitCode {
     // Small pages are set before main (see [`small_pages`]); a compaction
     // takes huge pages again.
     if matches!(cli.command, Command::Compact { .. }) {
-        huge_pages();
+        huge_pages(true);
     }
     // These need no configuration.
     match &cli.command {
